@@ -1,0 +1,16 @@
+"""The ``gpuserve`` command. Each subcommand lives beside the logic it drives."""
+
+from __future__ import annotations
+
+import click
+
+from gpuserve.sandbox.cli import sandbox
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpuserve")
+def main() -> None:
+    """gpuserve: GPU hosts to LLM inference servers, with pyinfra."""
+
+
+main.add_command(sandbox)

@@ -1,0 +1,1 @@
+"""Real local test hosts ("the sandbox"); only the GPU is simulated."""

@@ -1,0 +1,32 @@
+"""Defaults for every host. Groups (hopper_x8.py, ...) and inventories override them.
+
+Keys are documented in docs/configuration.md; gpuserve validates them all at plan time.
+Secrets are never written here: name a file that holds them (``api_keys_file``).
+"""
+
+# --- where the checkpoint lives on each host ------------------------------------------------
+nvme_path = "/mnt/nvme"          # NVMe mount; gpuserve owns <nvme_path>/gpuserve/
+weights_free_margin_gib = 50     # refuse to download unless free >= needed + margin
+
+# --- the model --------------------------------------------------------------------------------
+model_repo = "MiniMaxAI/MiniMax-M3.1-Flash"
+model_revision = None            # a 40-hex commit sha: pin it per inventory (group_data/<inv>.py)
+model_source = "huggingface"     # huggingface | modelscope | local
+hf_endpoint = None               # an HF_ENDPOINT-compatible mirror, e.g. "https://hf-mirror.internal"
+
+# --- the engine -------------------------------------------------------------------------------
+engine = "vllm"                  # vllm | sglang
+engine_version = "0.33.0"
+python_version = "3.12"          # 3.11 - 3.14
+torch_backend = "cu129"          # explicit, never "auto" in production
+
+# --- serving ----------------------------------------------------------------------------------
+# One entry per deployment (systemd unit gpuserve-<name>.service). Each entry may override any
+# deployment-level key (served_model_name, serve_host, serve_port, reasoning_effort, ...).
+deployments = {"minimax": {}}
+served_model_name = "minimax-m3.1-flash"
+serve_host = "127.0.0.1"         # open it per inventory only behind the proxy or a private network
+serve_port = 8000
+
+# --- host changes -----------------------------------------------------------------------------
+reboot = "never"                 # "allowed" lets a converge reboot a host whose driver changed
