@@ -2,9 +2,87 @@
 
 from __future__ import annotations
 
+import os
+
 import click
+
+from gpuserve.sandbox.hosts import DEFAULT_PROFILES, Sandbox, default_instance
+from gpuserve.sandbox.network import stop_lxcfs
+from gpuserve.sandbox.simgpu import PROFILES, HostSpec
+from gpuserve.sandbox.util import SandboxError
+
+instance_option = click.option(
+    "--instance", type=click.IntRange(0, 255), default=default_instance, show_default="0 or $GPUSERVE_SANDBOX_INSTANCE",
+    help="Which sandbox: instance k uses 10.231.k.0/24, so several can run side by side.")
 
 
 @click.group()
 def sandbox() -> None:
-    """Real Debian test hosts on this machine (systemd-nspawn + network namespaces)."""
+    """Real Debian test hosts on this machine (systemd-nspawn + network namespaces).
+
+    Only the GPUs are simulated. Needs root.
+    """
+
+
+@sandbox.command()
+@click.option("--hosts", "count", type=click.IntRange(1, 250), default=None,
+              help="Number of hosts; profiles cycle through --profile (default: hopper_x8, blackwell_x4).")
+@click.option("--profile", "profiles", multiple=True,
+              help=f"Simulated hardware per host, in order: {', '.join(PROFILES)}; "
+                   "add ':no-nvswitch' for a host without NVSwitches.")
+@click.option("--wait", type=float, default=120, show_default=True, help="Seconds to wait for each boot.")
+@instance_option
+def up(count: int | None, profiles: tuple[str, ...], wait: float, instance: int) -> None:
+    """Start fresh hosts (replacing this instance's old ones) and wait until they answer SSH."""
+    try:
+        cycle = [HostSpec.parse(p) for p in (profiles or DEFAULT_PROFILES)]
+        n = count or len(profiles) or 2
+        specs = [cycle[i % len(cycle)] for i in range(n)]
+        hosts = Sandbox(instance).up(specs, wait=wait)
+    except SandboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for h in hosts:
+        click.echo(f"{h.name}\t{h.ip}\t{h.spec}")
+
+
+@sandbox.command()
+@click.option("--all", "everything", is_flag=True, help="Every instance, and the shared lxcfs mount.")
+@instance_option
+def down(everything: bool, instance: int) -> None:
+    """Shut the hosts down in order and remove them, with their network."""
+    boxes = Sandbox.instances() if everything else [Sandbox(instance)]
+    try:
+        for box in boxes:
+            box.down()
+            click.echo(f"instance {box.instance}: down")
+        if everything:
+            stop_lxcfs(Sandbox().root)
+    except SandboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@sandbox.command()
+@instance_option
+def status(instance: int) -> None:
+    """List the hosts of an instance and whether they answer."""
+    box = Sandbox(instance)
+    hosts = box.hosts()
+    if not hosts:
+        click.echo(f"instance {instance}: no hosts (gpuserve sandbox up --hosts 2)")
+        return
+    for h in hosts:
+        proc = box.ssh(h, "systemctl is-system-running", check=False, timeout=10)
+        click.echo(f"{h.name}\t{h.ip}\t{h.spec}\t{proc.stdout.strip() or 'unreachable'}")
+
+
+@sandbox.command(context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@instance_option
+def ssh(name: str, command: tuple[str, ...], instance: int) -> None:
+    """Open a shell (or run COMMAND) on host NAME, e.g. `gpuserve sandbox ssh sandbox-1`."""
+    box = Sandbox(instance)
+    host = next((h for h in box.hosts() if h.name == name), None)
+    if host is None:
+        raise click.ClickException(f"no host {name!r} in instance {instance}")
+    os.execvp("ssh", [*box.ssh_args(host, batch=False), *command])

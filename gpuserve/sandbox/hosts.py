@@ -1,0 +1,320 @@
+"""Sandbox hosts: real Debian hosts on this machine, reachable over SSH like production ones.
+
+Each host boots the shared base image through its own overlayfs (copy-on-write, so a new host
+costs a mount, not a copy) with systemd-nspawn: systemd is PID 1, sshd and apt are real, and the
+host lives in its own network namespace with its own address on the instance's bridge. Only the
+GPUs are simulated (see simgpu).
+
+Several instances (0..255) can run side by side: instance k uses bridge gsbr<k>, 10.231.k.0/24
+and the state directory <root>/instance-<k>/. Everything needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpuserve.sandbox import image, network, simgpu
+from gpuserve.sandbox.simgpu import HostSpec
+from gpuserve.sandbox.util import SandboxError, file_lock, log, run
+
+DEFAULT_ROOT = "/var/tmp/gpuserve-sandbox"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# profiles given to `up --hosts N` when none are named: one of each NVIDIA shape, in turn
+DEFAULT_PROFILES = ("hopper_x8", "blackwell_x4")
+REQUIRED_TOOLS = {
+    "debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "ip": "iproute2",
+    "ssh": "openssh-client", "ssh-keygen": "openssh-client", "mountpoint": "util-linux",
+    "apt-cacher-ng": "apt-cacher-ng",
+}
+
+
+@dataclass(frozen=True)
+class SandboxHost:
+    name: str       # inventory name and hostname, e.g. sandbox-1
+    index: int      # 1-based within the instance
+    ip: str
+    spec: str       # simulated hardware, e.g. "hopper_x8" or "hopper_x8:no-nvswitch"
+    machine: str    # nspawn machine / netns name, unique on this machine
+
+    @property
+    def host_spec(self) -> HostSpec:
+        return HostSpec.parse(self.spec)
+
+
+def default_instance() -> int:
+    return int(os.environ.get("GPUSERVE_SANDBOX_INSTANCE", "0"))
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("GPUSERVE_SANDBOX_ROOT", DEFAULT_ROOT))
+
+
+class Sandbox:
+    """One instance of the sandbox: its network, its hosts and its state on disk."""
+
+    def __init__(self, instance: int | None = None, root: Path | str | None = None,
+                 mirror: str | None = None):
+        self.instance = default_instance() if instance is None else instance
+        network.subnet_prefix(self.instance)  # validates the range
+        self.root = Path(root) if root is not None else default_root()
+        self.mirror = mirror or os.environ.get("GPUSERVE_SANDBOX_MIRROR", DEFAULT_MIRROR)
+        self.state_dir = self.root / f"instance-{self.instance}"
+
+    # --- paths everybody needs (inventory, tests, ssh) ----------------------------------------
+    @property
+    def key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.state_dir / "ssh_config"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "sandbox.json"
+
+    @property
+    def bridge_ip(self) -> str:
+        return network.bridge_ip(self.instance)
+
+    def host_dir(self, host: SandboxHost) -> Path:
+        return self.state_dir / "hosts" / host.name
+
+    def hosts(self) -> list[SandboxHost]:
+        """The hosts of this instance, as the last `up` left them ([] when none)."""
+        try:
+            data = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return []
+        return [SandboxHost(**h) for h in data["hosts"]]
+
+    def ssh_args(self, host: SandboxHost, *, batch: bool = True) -> list[str]:
+        return ["ssh", "-i", str(self.key), "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", f"BatchMode={'yes' if batch else 'no'}",
+                "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=3", "-o", "LogLevel=ERROR",
+                f"root@{host.ip}"]
+
+    def ssh(self, host: SandboxHost, command: str, *, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+        return run([*self.ssh_args(host), command], check=check, timeout=timeout)
+
+    # --- up / down ----------------------------------------------------------------------------
+    def up(self, specs: list[HostSpec], *, wait: float = 120) -> list[SandboxHost]:
+        """Replace this instance's hosts with fresh ones, booted and answering SSH."""
+        if os.geteuid() != 0:
+            raise SandboxError("the sandbox needs root (network namespaces, mounts, nspawn)")
+        missing = sorted({pkg for tool, pkg in REQUIRED_TOOLS.items() if not shutil.which(tool)
+                          and not Path(f"/usr/sbin/{tool}").exists()})
+        if missing:
+            raise SandboxError(f"missing Debian packages: {' '.join(missing)}; run dev/bootstrap.sh")
+        if not specs:
+            raise SandboxError("ask for at least one host")
+        if len(specs) > 250:
+            raise SandboxError("an instance holds at most 250 hosts")
+        t0 = time.monotonic()
+        with file_lock(self.state_dir / "lock"):
+            self._down_hosts()
+            base = image.ensure_image(self.root, self.mirror, in_use=self._image_in_use())
+            self._ensure_key()
+            network.ensure_bridge(self.instance)
+            apt_proxy = network.ensure_apt_cache(self.instance, self.state_dir, self.mirror)
+            lxcfs = network.ensure_lxcfs(self.root)
+            prefix = network.subnet_prefix(self.instance)
+            hosts = [SandboxHost(name=f"sandbox-{i}", index=i, ip=f"{prefix}.{i + 1}",
+                                 spec=str(spec), machine=f"gs{self.instance}-{i}")
+                     for i, spec in enumerate(specs, start=1)]
+            self._write_state(hosts)
+            t_prepare = time.monotonic()
+            with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+                keys = list(pool.map(lambda h: self._prepare(h, base, apt_proxy), hosts))
+            self._write_access_files(hosts, keys)
+            for host in hosts:
+                self._boot(host, lxcfs)
+            with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+                states = list(pool.map(lambda h: self._wait_ready(h, wait), hosts))
+            t_end = time.monotonic()
+        for host, state in zip(hosts, states):
+            log(f"{host.name} {host.ip} [{host.spec}] {state}")
+        log(f"{len(hosts)} host(s) up in {t_end - t0:.1f} s "
+            f"(image/network {t_prepare - t0:.1f} s, hosts {t_end - t_prepare:.1f} s); "
+            f"inventory: inventories/sandbox.py (instance {self.instance})")
+        return hosts
+
+    def down(self) -> None:
+        """Stop and remove this instance's hosts, its apt cache process and its bridge."""
+        with file_lock(self.state_dir / "lock"):
+            self._down_hosts()
+            network.stop_apt_cache(self.state_dir)
+            network.delete_bridge(self.instance)
+
+    @classmethod
+    def instances(cls, root: Path | None = None) -> list["Sandbox"]:
+        root = root or default_root()
+        found = sorted(int(p.name.split("-", 1)[1]) for p in root.glob("instance-*") if p.is_dir())
+        return [cls(k, root) for k in found]
+
+    # --- internals ----------------------------------------------------------------------------
+    def _image_in_use(self) -> bool:
+        base = str(image.base_dir(self.root))
+        with open("/proc/self/mounts") as fh:
+            return any(f"lowerdir={base}" in line for line in fh)
+
+    def _ensure_key(self) -> None:
+        with file_lock(self.root / "key.lock"):
+            if not self.key.is_file():
+                self.root.mkdir(parents=True, exist_ok=True)
+                run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuserve-sandbox",
+                     "-f", str(self.key)])
+
+    def _write_state(self, hosts: list[SandboxHost]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"instance": self.instance, "bridge_ip": self.bridge_ip,
+                                   "hosts": [asdict(h) for h in hosts]}, indent=2) + "\n")
+        tmp.rename(self.state_file)
+
+    def _write_access_files(self, hosts: list[SandboxHost], host_keys: list[str]) -> None:
+        self.known_hosts.write_text("".join(f"{h.ip} {k}\n" for h, k in zip(hosts, host_keys)))
+        prefix = network.subnet_prefix(self.instance)
+        self.ssh_config.write_text(
+            f"Host {prefix}.*\n  User root\n  IdentityFile {self.key}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {self.known_hosts}\n  StrictHostKeyChecking yes\n"
+            "  BatchMode yes\n  LogLevel ERROR\n"
+        )
+
+    def _prepare(self, host: SandboxHost, base: Path, apt_proxy: str) -> str:
+        """Network namespace, copy-on-write root and identity of one host. Returns its host key."""
+        ns, veth = host.machine, f"{host.machine}h"
+        run(["ip", "netns", "add", ns])
+        run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
+        run(["ip", "link", "set", veth, "master", network.bridge_name(self.instance), "up"])
+        for cmd in (["link", "set", "lo", "up"], ["addr", "add", f"{host.ip}/24", "dev", "eth0"],
+                    ["link", "set", "eth0", "up"], ["route", "add", "default", "via", self.bridge_ip]):
+            run(["ip", "-n", ns, *cmd])
+        hdir = self.host_dir(host)
+        shutil.rmtree(hdir, ignore_errors=True)
+        root = hdir / "root"
+        for sub in ("upper", "work", "root", "sim/proc-driver"):
+            (hdir / sub).mkdir(parents=True)
+        run(["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={base},upperdir={hdir / 'upper'},workdir={hdir / 'work'}", str(root)])
+        (root / "etc/hostname").write_text(host.name + "\n")
+        (root / "etc/hosts").write_text(
+            f"127.0.0.1 localhost\n127.0.1.1 {host.name}\n::1 localhost ip6-localhost\n")
+        run(["systemd-machine-id-setup", f"--root={root}"])
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}",
+             "-f", str(root / "etc/ssh/ssh_host_ed25519_key")])
+        # no resolver: apt reaches the mirror through the cache by address, nothing else goes out
+        (root / "etc/resolv.conf").write_text(f"nameserver {self.bridge_ip}\n")
+        (root / "etc/apt/apt.conf.d/01gpuserve-sandbox-proxy").write_text(
+            f'Acquire::http::Proxy "{apt_proxy}";\n'
+            f'Acquire::http::Proxy::{self.bridge_ip} "DIRECT";\n')
+        ssh_dir = root / "root/.ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        shutil.copyfile(f"{self.key}.pub", ssh_dir / "authorized_keys")
+        (ssh_dir / "authorized_keys").chmod(0o600)
+        simgpu.install(root, host.host_spec, host.name)
+        pub = (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+        return f"{pub[0]} {pub[1]}"
+
+    def _boot(self, host: SandboxHost, lxcfs: Path | None) -> None:
+        hdir = self.host_dir(host)
+        args = [
+            "--boot", f"--directory={hdir / 'root'}", f"--machine={host.machine}",
+            f"--hostname={host.name}", "--register=no", "--keep-unit",
+            f"--network-namespace-path=/run/netns/{host.machine}", "--resolv-conf=off",
+            "--link-journal=no", "--console=read-only",
+            # a bind over /proc takes its source from inside the container: bind the dir in first
+            f"--bind-ro={hdir / 'sim'}:/run/gpuserve-sim-host",
+            "--bind-ro=/run/gpuserve-sim-host/proc-driver:/proc/driver",
+        ]
+        if lxcfs is not None:
+            args += [f"--bind-ro={lxcfs}:/run/lxcfs", "--bind-ro=/run/lxcfs/proc/uptime:/proc/uptime"]
+        loop = simgpu.FILES / "nspawn-loop.sh"
+        with open(hdir / "console.log", "ab") as out:
+            proc = subprocess.Popen(
+                ["bash", str(loop), sys.executable, str(hdir / "root"), str(hdir / "sim/proc-driver"),
+                 "--", *args],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            )
+        (hdir / "nspawn.pid").write_text(str(proc.pid))
+
+    def _wait_ready(self, host: SandboxHost, wait: float) -> str:
+        """Wait until sshd answers and systemd finished booting; return the system state."""
+        deadline = time.monotonic() + wait
+        pidfile = self.host_dir(host) / "nspawn.pid"
+        state = "unknown"
+        while time.monotonic() < deadline:
+            if not _alive(pidfile):
+                raise SandboxError(f"{host.name}: nspawn exited during boot; see "
+                                   f"{self.host_dir(host) / 'console.log'}")
+            proc = run([*self.ssh_args(host), "systemctl is-system-running --wait"],
+                       check=False, timeout=max(5.0, deadline - time.monotonic()))
+            state = proc.stdout.strip() or state
+            if state in ("running", "degraded"):
+                return state
+            time.sleep(0.3)
+        raise SandboxError(f"{host.name} ({host.ip}) not ready after {wait:.0f} s (state {state}); "
+                           f"see {self.host_dir(host) / 'console.log'}")
+
+    def _down_hosts(self) -> None:
+        hosts_dir = self.state_dir / "hosts"
+        names = {h.name: h for h in self.hosts()}
+        # also hosts a crashed `up` left behind before it wrote its state
+        for leftover in (hosts_dir.iterdir() if hosts_dir.is_dir() else []):
+            if leftover.name not in names:
+                i = int(leftover.name.rsplit("-", 1)[1])
+                names[leftover.name] = SandboxHost(leftover.name, i, "", "cpu", f"gs{self.instance}-{i}")
+        for host in names.values():
+            self._stop(host)
+        self.state_file.unlink(missing_ok=True)
+
+    def _stop(self, host: SandboxHost) -> None:
+        hdir = self.host_dir(host)
+        pidfile = hdir / "nspawn.pid"
+        pid = _alive(pidfile)
+        if pid:
+            os.kill(pid, signal.SIGTERM)  # orderly poweroff of the host's systemd
+            for _ in range(100):
+                if not _alive(pidfile):
+                    break
+                time.sleep(0.2)
+            else:
+                log(f"{host.name}: no orderly shutdown after 20 s, killing it")
+                run(["pkill", "-KILL", "-P", str(pid)], check=False)
+                os.kill(pid, signal.SIGKILL)
+                time.sleep(0.5)
+        root = hdir / "root"
+        if run(["mountpoint", "-q", str(root)], check=False).returncode == 0:
+            run(["umount", str(root)])
+        run(["ip", "netns", "del", host.machine], check=False)
+        run(["ip", "link", "del", f"{host.machine}h"], check=False)
+        shutil.rmtree(f"/run/systemd/nspawn/propagate/{host.machine}", ignore_errors=True)
+        if run(["mountpoint", "-q", str(root)], check=False).returncode != 0:
+            shutil.rmtree(hdir, ignore_errors=True)
+
+
+def _alive(pidfile: Path) -> int | None:
+    """The nspawn-loop PID in pidfile if that process still runs."""
+    try:
+        pid = int(pidfile.read_text())
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if b"nspawn-loop" not in fh.read():
+                return None
+        return pid
+    except (OSError, ValueError):
+        return None

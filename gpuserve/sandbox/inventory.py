@@ -1,0 +1,34 @@
+"""Inventory groups for the sandbox hosts (used by inventories/sandbox.py).
+
+Hosts join the group named after their simulated hardware profile (hopper_x8, blackwell_x4, ...),
+so they pick up that group's group_data exactly like production hosts; pyinfra also puts them in
+the group ``sandbox`` (the inventory file's name), whose group_data switches serving to the cpu
+recipe. Which instance: $GPUSERVE_SANDBOX_INSTANCE (default 0).
+"""
+
+from __future__ import annotations
+
+from gpuserve.sandbox.hosts import Sandbox, SandboxHost
+
+
+def host_data(sandbox: Sandbox, host: SandboxHost) -> dict:
+    data = {
+        "ssh_hostname": host.ip,
+        "ssh_user": "root",
+        "ssh_key": str(sandbox.key),
+        "ssh_known_hosts_file": str(sandbox.known_hosts),
+        "ssh_strict_host_key_checking": "yes",   # host-up wrote each host's real key
+        "ssh_allow_agent": False,
+        "ssh_look_for_keys": False,
+        "sandbox_instance": sandbox.instance,
+        "sandbox_bridge_ip": sandbox.bridge_ip,   # where this machine serves test repos/files
+    }
+    if not host.host_spec.nvswitch:
+        data["nvswitch"] = False   # the ":no-nvswitch" variant of an NVSwitch profile
+    return data
+
+
+def group(profile: str, sandbox: Sandbox | None = None) -> list[tuple[str, dict]]:
+    """The sandbox hosts of one hardware profile, as pyinfra inventory entries."""
+    sandbox = sandbox or Sandbox()
+    return [(h.name, host_data(sandbox, h)) for h in sandbox.hosts() if h.host_spec.profile == profile]

@@ -1,0 +1,146 @@
+"""This machine's side of a sandbox's network.
+
+Instance k owns bridge ``gsbr<k>`` with 10.231.k.1/24; its hosts are 10.231.k.2, .3, ...
+Hosts have no route out: apt goes through an apt-cacher-ng listening on the bridge address only,
+so test traffic never leaves loopback and the bridge. lxcfs (shared by all instances) gives each
+host its own /proc/uptime, which pyinfra's server.reboot needs to see a reboot happen.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from gpuserve.sandbox.util import SandboxError, log, run
+
+APT_CACHE_PORT = 3142
+
+
+def subnet_prefix(instance: int) -> str:
+    if not 0 <= instance <= 255:
+        raise SandboxError(f"sandbox instance must be 0..255, got {instance}")
+    return f"10.231.{instance}"
+
+
+def bridge_ip(instance: int) -> str:
+    return f"{subnet_prefix(instance)}.1"
+
+
+def bridge_name(instance: int) -> str:
+    return f"gsbr{instance}"
+
+
+def apt_proxy_url(instance: int) -> str:
+    return f"http://{bridge_ip(instance)}:{APT_CACHE_PORT}"
+
+
+def link_exists(name: str) -> bool:
+    return run(["ip", "link", "show", name], check=False).returncode == 0
+
+
+def ensure_bridge(instance: int) -> None:
+    br = bridge_name(instance)
+    if not link_exists(br):
+        run(["ip", "link", "add", br, "type", "bridge"])
+        run(["ip", "addr", "add", f"{bridge_ip(instance)}/24", "dev", br])
+    run(["ip", "link", "set", br, "up"])
+
+
+def delete_bridge(instance: int) -> None:
+    run(["ip", "link", "del", bridge_name(instance)], check=False)
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _pid_alive(pidfile: Path) -> int | None:
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_apt_cache(instance: int, state_dir: Path, mirror: str) -> str:
+    """Start this instance's apt-cacher-ng on the bridge address (its cache persists on disk)."""
+    addr = bridge_ip(instance)
+    url = apt_proxy_url(instance)
+    acng = state_dir / "acng"
+    if _pid_alive(acng / "launcher.pid") and _port_open(addr, APT_CACHE_PORT):
+        return url
+    binary = shutil.which("apt-cacher-ng") or "/usr/sbin/apt-cacher-ng"
+    if not Path(binary).exists():
+        raise SandboxError("apt-cacher-ng is not installed here: run dev/bootstrap.sh")
+    # our own copy of its configuration: the package's default Debian backend (ftp.debian.org)
+    # does not resolve everywhere, and we must not edit this machine's /etc
+    conf = acng / "conf"
+    shutil.rmtree(conf, ignore_errors=True)
+    shutil.copytree("/etc/apt-cacher-ng", conf)
+    (conf / "backends_debian").write_text(mirror.rstrip("/") + "/\n")
+    for sub in ("cache", "log"):
+        (acng / sub).mkdir(parents=True, exist_ok=True)
+    run(["chown", "-R", "apt-cacher-ng:", str(acng)])
+    out = open(acng / "stdout", "ab")
+    proc = subprocess.Popen(
+        ["runuser", "-u", "apt-cacher-ng", "--", binary, "-c", str(conf), "ForeGround=1",
+         f"BindAddress={addr}", f"Port={APT_CACHE_PORT}", f"CacheDir={acng / 'cache'}",
+         f"LogDir={acng / 'log'}", f"PidFile={acng / 'pid'}"],
+        stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+    )
+    (acng / "launcher.pid").write_text(str(proc.pid))
+    for _ in range(100):
+        if _port_open(addr, APT_CACHE_PORT):
+            return url
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise SandboxError(f"apt-cacher-ng did not start on {addr}:{APT_CACHE_PORT}; see {acng / 'stdout'}")
+
+
+def stop_apt_cache(state_dir: Path) -> None:
+    acng = state_dir / "acng"
+    for name in ("pid", "launcher.pid"):
+        pid = _pid_alive(acng / name)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+        (acng / name).unlink(missing_ok=True)
+
+
+def ensure_lxcfs(root: Path) -> Path | None:
+    """Mount lxcfs at <root>/lxcfs (once for all instances). None when lxcfs is not installed."""
+    mnt = root / "lxcfs"
+    if run(["mountpoint", "-q", str(mnt)], check=False).returncode == 0:
+        return mnt
+    binary = shutil.which("lxcfs")
+    if not binary:
+        log("lxcfs is not installed: hosts share this machine's /proc/uptime (pyinfra server.reboot "
+            "cannot see a reboot); run dev/bootstrap.sh")
+        return None
+    mnt.mkdir(parents=True, exist_ok=True)
+    out = open(root / "lxcfs.log", "ab")
+    subprocess.Popen([binary, "-f", "-p", str(root / "lxcfs.pid"), str(mnt)],
+                     stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    for _ in range(50):
+        if run(["mountpoint", "-q", str(mnt)], check=False).returncode == 0:
+            return mnt
+        time.sleep(0.1)
+    raise SandboxError(f"lxcfs did not mount on {mnt}; see {root / 'lxcfs.log'}")
+
+
+def stop_lxcfs(root: Path) -> None:
+    mnt = root / "lxcfs"
+    pid = _pid_alive(root / "lxcfs.pid")
+    run(["umount", str(mnt)], check=False)
+    if pid:
+        os.kill(pid, signal.SIGTERM)

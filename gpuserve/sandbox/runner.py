@@ -1,0 +1,65 @@
+"""Run the real `pyinfra` command against a sandbox instance and read its results table.
+
+Tests and benches use this so they exercise exactly what users type.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_TOTAL = re.compile(r"^\s*Grand total\s+(\d+)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", re.M)
+
+
+@dataclass
+class PyinfraRun:
+    args: list[str]
+    returncode: int
+    output: str
+    seconds: float
+
+    def _total(self, column: int) -> int:
+        m = _TOTAL.findall(self.output)
+        if not m:
+            raise AssertionError(f"no results table in pyinfra output:\n{self.output[-3000:]}")
+        value = m[-1][column]
+        return 0 if value == "-" else int(value)
+
+    @property
+    def changed(self) -> int:
+        """Operations that changed something (pyinfra's "Success" column)."""
+        return self._total(1)
+
+    @property
+    def errors(self) -> int:
+        return self._total(2)
+
+    @property
+    def unchanged(self) -> int:
+        return self._total(3)
+
+    def check(self) -> "PyinfraRun":
+        if self.returncode != 0:
+            raise AssertionError(f"pyinfra {' '.join(self.args)} exited {self.returncode}:\n"
+                                 f"{self.output[-6000:]}")
+        return self
+
+
+def run_pyinfra(inventory: str, deploy: str, *extra: str, instance: int | None = None,
+                env: dict | None = None, timeout: float = 1800) -> PyinfraRun:
+    """`pyinfra -y <inventory> <deploy> <extra>` from the repository root."""
+    args = ["-y", inventory, deploy, *extra]
+    full_env = {**os.environ, **(env or {})}
+    if instance is not None:
+        full_env["GPUSERVE_SANDBOX_INSTANCE"] = str(instance)
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    t0 = time.monotonic()
+    proc = subprocess.run([str(pyinfra), *args], cwd=REPO, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    return PyinfraRun(args, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0)

@@ -1,0 +1,153 @@
+"""The simulated part of a sandbox host: its GPUs. Everything else on a sandbox host is real.
+
+Inside a host (all paths say "gpuserve-sim"):
+    /etc/gpuserve-sim/hardware.json          what is "physically" there (written at host creation)
+    /usr/local/lib/gpuserve-sim/bin/         stand-in vendor tools (nvidia-smi), linked into
+                                             /usr/bin by the stand-in driver packages only
+    /var/lib/gpuserve-sim/                   state the stand-in packages write (the installed
+                                             kernel-module version) and nvidia-smi -pm keeps
+    /proc/driver                             bound read-only from <host dir>/sim/proc-driver,
+                                             rebuilt at every boot: the "loaded" module appears
+                                             only when a module was installed before that boot,
+                                             like a real driver that needs a reboot
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuserve.sandbox.util import SandboxError
+
+HARDWARE_FILE = "etc/gpuserve-sim/hardware.json"
+BIN_DIR = "usr/local/lib/gpuserve-sim/bin"
+STATE_DIR = "var/lib/gpuserve-sim"
+NVIDIA_MODULE_VERSION_FILE = f"{STATE_DIR}/nvidia-module-version"
+AMDGPU_MODULE_VERSION_FILE = f"{STATE_DIR}/amdgpu-module-version"
+FILES = Path(__file__).parent / "files"
+
+
+@dataclass(frozen=True)
+class SimProfile:
+    """Simulated hardware of one host; names follow the inventory groups."""
+
+    vendor: str            # nvidia | amd | none
+    gpu_name: str          # as the vendor tool prints it
+    memory_mib: int
+    count: int
+    nvswitch_count: int    # NVSwitch chips on the baseboard (HGX / NVL): 0 = PCIe-style host
+    nvlink_gen: int = 0
+
+
+PROFILES: dict[str, SimProfile] = {
+    # HGX H200: 8 GPUs on 4 third-generation NVSwitch chips, NVLink 4
+    "hopper_x8": SimProfile("nvidia", "NVIDIA H200", 143771, 8, nvswitch_count=4, nvlink_gen=4),
+    # GB200 compute tray: 4 GPUs, NVLink 5 switch fabric (needs fabric manager + nvlsm)
+    "blackwell_x4": SimProfile("nvidia", "NVIDIA GB200", 189471, 4, nvswitch_count=2, nvlink_gen=5),
+    "mi355x_x4": SimProfile("amd", "AMD Instinct MI355X", 294896, 4, nvswitch_count=0),
+    "cpu": SimProfile("none", "", 0, 0, nvswitch_count=0),
+}
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One requested host: a profile, optionally without its NVSwitches (``hopper_x8:no-nvswitch``)."""
+
+    profile: str
+    nvswitch: bool
+
+    @classmethod
+    def parse(cls, text: str) -> "HostSpec":
+        name, _, variant = text.partition(":")
+        if name not in PROFILES:
+            raise SandboxError(f"unknown sandbox profile {name!r}; known: {', '.join(PROFILES)}")
+        if variant not in ("", "no-nvswitch"):
+            raise SandboxError(f"unknown variant {variant!r} in {text!r}; known: no-nvswitch")
+        return cls(name, PROFILES[name].nvswitch_count > 0 and variant != "no-nvswitch")
+
+    def __str__(self) -> str:
+        has = PROFILES[self.profile].nvswitch_count > 0
+        return self.profile + (":no-nvswitch" if has and not self.nvswitch else "")
+
+
+def hardware(spec: HostSpec, host_name: str) -> dict:
+    """The hardware.json of one host: deterministic per host name, so reruns see the same GPUs."""
+    p = PROFILES[spec.profile]
+    gpus = [
+        {
+            "index": i,
+            "name": p.gpu_name,
+            "memory_mib": p.memory_mib,
+            "pci_bus_id": f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+            "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host_name}.gpu{i}.gpuserve-sim')}",
+        }
+        for i in range(p.count)
+    ]
+    nvswitches = [f"0000:{0xA0 + i:02x}:00.0" for i in range(p.nvswitch_count)] if spec.nvswitch else []
+    return {
+        "simulated": "gpuserve sandbox: these GPUs do not exist",
+        "profile": str(spec),
+        "vendor": p.vendor,
+        "gpus": gpus,
+        "nvswitches": nvswitches,
+        "nvlink_gen": p.nvlink_gen if spec.nvswitch else 0,
+    }
+
+
+def install(root: Path, spec: HostSpec, host_name: str) -> None:
+    """Write the simulated hardware and the stand-in tools into a host's root."""
+    (root / HARDWARE_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (root / HARDWARE_FILE).write_text(json.dumps(hardware(spec, host_name), indent=2) + "\n")
+    bin_dir = root / BIN_DIR
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in ("nvidia-smi",):
+        shutil.copyfile(FILES / f"sim-{tool}", bin_dir / tool)
+        (bin_dir / tool).chmod(0o755)
+    (root / STATE_DIR).mkdir(parents=True, exist_ok=True)
+
+
+NVIDIA_VERSION_TEXT = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
+    "(gpuserve-sim@sandbox)  simulated\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n"
+)
+
+
+def on_boot(root: Path, proc_driver: Path) -> None:
+    """Rebuild /proc/driver for a boot: load the kernel module that is installed right now."""
+    shutil.rmtree(proc_driver, ignore_errors=True)
+    proc_driver.mkdir(parents=True)
+    # persistence mode does not survive a module reload (nvidia-persistenced sets it again)
+    (root / STATE_DIR / "persistence-mode").unlink(missing_ok=True)
+    try:
+        hw = json.loads((root / HARDWARE_FILE).read_text())
+    except FileNotFoundError:
+        return
+    module = root / NVIDIA_MODULE_VERSION_FILE
+    if hw["vendor"] != "nvidia" or not module.is_file():
+        return
+    version = module.read_text().strip()
+    nv = proc_driver / "nvidia"
+    (nv / "gpus").mkdir(parents=True)
+    (nv / "version").write_text(NVIDIA_VERSION_TEXT.format(version=version))
+    for gpu in hw["gpus"]:
+        info = nv / "gpus" / gpu["pci_bus_id"][4:].lower() / "information"
+        info.parent.mkdir(parents=True)
+        info.write_text(f"Model: \t\t {gpu['name']}\nGPU UUID: \t {gpu['uuid']}\n"
+                        f"Bus Location: \t {gpu['pci_bus_id'][4:].lower()}\n")
+    if hw["nvswitches"]:
+        devices = proc_driver / "nvidia-nvswitch" / "devices"
+        devices.mkdir(parents=True)
+        for bdf in hw["nvswitches"]:
+            (devices / bdf).mkdir()
+            (devices / bdf / "information").write_text(f"Bus Location: \t {bdf}\nsimulated\n")
+
+
+if __name__ == "__main__":  # called by nspawn-loop.sh before every boot of a host
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "on-boot":
+        sys.exit("usage: python -m gpuserve.sandbox.simgpu on-boot ROOT PROC_DRIVER_DIR")
+    on_boot(Path(sys.argv[2]), Path(sys.argv[3]))

@@ -1,0 +1,42 @@
+"""Small helpers shared by the sandbox modules."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator, Sequence
+
+
+class SandboxError(RuntimeError):
+    """A sandbox operation failed; the message says what and how to recover."""
+
+
+def log(message: str) -> None:
+    print(f"sandbox: {message}", file=sys.stderr, flush=True)
+
+
+def run(cmd: Sequence[str], *, check: bool = True, timeout: float | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    """Run a command on this machine; on failure raise SandboxError with its output."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input)
+    except FileNotFoundError as exc:
+        raise SandboxError(f"{cmd[0]} is not installed here: run dev/bootstrap.sh") from exc
+    if check and proc.returncode != 0:
+        out = (proc.stderr or proc.stdout).strip()[-2000:]
+        raise SandboxError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {out}")
+    return proc
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,106 @@
+"""The simulated GPU side of sandbox hosts, checked without booting anything."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpuserve.sandbox import simgpu
+from gpuserve.sandbox.simgpu import HostSpec
+from gpuserve.sandbox.util import SandboxError
+
+SIM_SMI = simgpu.FILES / "sim-nvidia-smi"
+
+
+def test_host_spec_parsing():
+    assert HostSpec.parse("hopper_x8") == HostSpec("hopper_x8", True)
+    assert HostSpec.parse("hopper_x8:no-nvswitch") == HostSpec("hopper_x8", False)
+    assert str(HostSpec.parse("hopper_x8:no-nvswitch")) == "hopper_x8:no-nvswitch"
+    # a profile without NVSwitches never claims any, and prints no variant
+    assert HostSpec.parse("mi355x_x4") == HostSpec("mi355x_x4", False)
+    assert str(HostSpec.parse("mi355x_x4")) == "mi355x_x4"
+    with pytest.raises(SandboxError, match="unknown sandbox profile 'h100'"):
+        HostSpec.parse("h100")
+    with pytest.raises(SandboxError, match="unknown variant 'pcie'"):
+        HostSpec.parse("hopper_x8:pcie")
+
+
+def test_hardware_is_deterministic_and_distinct_per_host():
+    spec = HostSpec.parse("blackwell_x4")
+    a, b = simgpu.hardware(spec, "sandbox-1"), simgpu.hardware(spec, "sandbox-2")
+    assert a == simgpu.hardware(spec, "sandbox-1")
+    assert [g["name"] for g in a["gpus"]] == ["NVIDIA GB200"] * 4
+    assert {g["uuid"] for g in a["gpus"]}.isdisjoint({g["uuid"] for g in b["gpus"]})
+    assert len(a["nvswitches"]) == 2 and a["nvlink_gen"] == 5
+    assert simgpu.hardware(HostSpec.parse("blackwell_x4:no-nvswitch"), "x")["nvswitches"] == []
+
+
+def _host_root(tmp_path, spec="hopper_x8", module_version=None):
+    root = tmp_path / "root"
+    simgpu.install(root, HostSpec.parse(spec), "sandbox-1")
+    if module_version:
+        (root / simgpu.NVIDIA_MODULE_VERSION_FILE).write_text(module_version + "\n")
+    proc = tmp_path / "proc-driver"
+    simgpu.on_boot(root, proc)
+    return root, proc
+
+
+def test_boot_without_installed_module_loads_nothing(tmp_path):
+    _, proc = _host_root(tmp_path)
+    assert list(proc.iterdir()) == []
+
+
+def test_boot_loads_the_installed_module_and_shows_nvswitches(tmp_path):
+    _, proc = _host_root(tmp_path, module_version="580.95.05")
+    assert "  580.95.05  " in (proc / "nvidia/version").read_text()
+    assert sorted(p.name for p in (proc / "nvidia-nvswitch/devices").iterdir()) == [
+        "0000:a0:00.0", "0000:a1:00.0", "0000:a2:00.0", "0000:a3:00.0"]
+    assert len(list((proc / "nvidia/gpus").iterdir())) == 8
+
+
+def test_boot_without_nvswitch_variant_has_no_nvswitch_entries(tmp_path):
+    _, proc = _host_root(tmp_path, "hopper_x8:no-nvswitch", module_version="580.95.05")
+    assert (proc / "nvidia/version").exists()
+    assert not (proc / "nvidia-nvswitch").exists()
+
+
+def _smi(root, proc, *args, state=None):
+    env = {**os.environ, "GPUSERVE_SIM_HARDWARE": str(root / simgpu.HARDWARE_FILE),
+           "GPUSERVE_SIM_PROC_VERSION": str(proc / "nvidia/version"),
+           "GPUSERVE_SIM_STATE": str(state or root / simgpu.STATE_DIR)}
+    return subprocess.run([sys.executable, str(SIM_SMI), *args], capture_output=True, text=True, env=env)
+
+
+def test_sim_nvidia_smi_fails_like_the_real_one_without_a_loaded_driver(tmp_path):
+    root, proc = _host_root(tmp_path)
+    out = _smi(root, proc, "--query-gpu=name", "--format=csv,noheader")
+    assert out.returncode == 9
+    assert "couldn't communicate with the NVIDIA driver" in out.stdout
+
+
+def test_sim_nvidia_smi_query_formats(tmp_path):
+    root, proc = _host_root(tmp_path, module_version="580.95.05")
+    out = _smi(root, proc, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader")
+    assert out.returncode == 0
+    assert out.stdout.splitlines() == ["NVIDIA H200, 143771 MiB, 580.95.05"] * 8
+    out = _smi(root, proc, "--query-gpu=index,memory.total", "--format=csv,nounits")
+    assert out.stdout.splitlines()[:2] == ["index, memory.total", "0, 143771"]
+    out = _smi(root, proc, "--query-gpu=memory.total", "--format=csv")
+    assert out.stdout.splitlines()[0] == "memory.total [MiB]"
+    out = _smi(root, proc, "--query-gpu=bogus", "--format=csv")
+    assert out.returncode == 2 and 'Field "bogus" is not a valid field' in out.stderr
+    assert _smi(root, proc, "-L").stdout.startswith("GPU 0: NVIDIA H200 (UUID: GPU-")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="nvidia-smi -pm needs root, as the real one does")
+def test_sim_nvidia_smi_persistence_mode(tmp_path):
+    root, proc = _host_root(tmp_path, module_version="580.95.05")
+    query = ("--query-gpu=persistence_mode", "--format=csv,noheader")
+    assert set(_smi(root, proc, *query).stdout.split()) == {"Disabled"}
+    assert _smi(root, proc, "-pm", "1").returncode == 0
+    assert set(_smi(root, proc, *query).stdout.split()) == {"Enabled"}
+    # a reboot reloads the module: persistence mode is gone until something sets it again
+    simgpu.on_boot(root, proc)
+    assert set(_smi(root, proc, *query).stdout.split()) == {"Disabled"}
