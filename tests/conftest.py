@@ -1,0 +1,61 @@
+"""Shared fixtures. Integration tests run against real sandbox hosts (see README: Tests)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Tests use their own sandbox instance so they never replace the hosts a developer is using
+# (instance 0). Helpers working in parallel pick different ones.
+TEST_INSTANCE = int(os.environ.get("GPUSERVE_TEST_INSTANCE", "99"))
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    from gpuserve.sandbox.hosts import Sandbox
+
+    if os.geteuid() != 0:
+        pytest.fail("integration tests build sandbox hosts and need root (or deselect: -m 'not sandbox')")
+    box = Sandbox(TEST_INSTANCE)
+    yield box
+    box.down()
+
+
+@pytest.fixture(scope="module")
+def make_hosts(sandbox):
+    """Fresh sandbox hosts for one test module: make_hosts(["hopper_x8", "blackwell_x4"])."""
+    from gpuserve.sandbox.simgpu import HostSpec
+
+    def make(specs: list[str]):
+        return sandbox.up([HostSpec.parse(s) for s in specs])
+
+    return make
+
+
+@pytest.fixture
+def pyinfra(sandbox):
+    """pyinfra(inventory, deploy, *args) -> PyinfraRun against the test sandbox."""
+    from gpuserve.sandbox.runner import run_pyinfra
+
+    def go(inventory: str, deploy: str, *extra: str, **kw):
+        return run_pyinfra(inventory, deploy, *extra, instance=sandbox.instance, **kw)
+
+    return go
+
+
+@pytest.fixture
+def testinfra_host(sandbox):
+    """testinfra_host(sandbox_host) -> a testinfra host over real SSH with strict known_hosts."""
+    import testinfra
+
+    def get(host):
+        return testinfra.get_host(f"ssh://root@{host.ip}", ssh_config=str(sandbox.ssh_config))
+
+    return get
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "/integration/" in str(item.fspath):
+            item.add_marker(pytest.mark.sandbox)

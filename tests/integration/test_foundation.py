@@ -1,0 +1,80 @@
+"""The foundation end to end: real sandbox hosts, and a converge that is idempotent over SSH."""
+
+import time
+
+import pytest
+
+from gpuserve import layout
+
+NVME = "/srv/nvme"  # group_data/sandbox.py
+
+
+@pytest.fixture(scope="module")
+def hosts(make_hosts):
+    return make_hosts(["hopper_x8", "blackwell_x4:no-nvswitch"])
+
+
+def test_hosts_are_real_debian_hosts_with_their_own_network(sandbox, hosts, testinfra_host):
+    seen_ips = set()
+    for h in hosts:
+        t = testinfra_host(h)
+        assert t.check_output("cat /proc/1/comm") == "systemd"
+        assert t.run("systemctl is-system-running").stdout.strip() == "running"
+        assert t.check_output("hostname") == h.name
+        assert t.service("ssh").is_running
+        assert t.file("/etc/os-release").contains("bookworm")
+        addrs = t.check_output("ip -4 -o addr show dev eth0")
+        assert f"inet {h.ip}/24" in addrs
+        seen_ips.add(h.ip)
+        # apt works, through the cache on the bridge only
+        assert t.run("apt-get update -q").rc == 0
+        assert t.file("/etc/machine-id").content_string.strip() != ""
+    assert len(seen_ips) == len(hosts)
+    ids = {testinfra_host(h).file("/etc/machine-id").content_string for h in hosts}
+    assert len(ids) == len(hosts), "hosts must not share an identity"
+
+
+def test_only_the_gpus_are_simulated(sandbox, hosts):
+    hopper, blackwell = hosts
+    smi = "/usr/local/lib/gpuserve-sim/bin/nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"
+    # no driver loaded yet: the stand-in fails the way the real tool does
+    assert sandbox.ssh(hopper, smi, check=False).returncode == 9
+    # a (stand-in) kernel module installed, then a real reboot: the module is "loaded"
+    for h in hosts:
+        sandbox.ssh(h, "echo 580.95.05 > /var/lib/gpuserve-sim/nvidia-module-version")
+        boot_id = sandbox.ssh(h, "cat /proc/sys/kernel/random/boot_id").stdout
+        sandbox.ssh(h, "systemctl reboot", check=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            p = sandbox.ssh(h, "systemctl is-system-running --wait; cat /proc/sys/kernel/random/boot_id",
+                            check=False, timeout=20)
+            if p.returncode in (0, 1) and p.stdout.split()[-1:] != boot_id.split():
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"{h.name} did not come back from its reboot")
+    assert sandbox.ssh(hopper, smi).stdout.splitlines() == ["NVIDIA H200, 143771 MiB"] * 8
+    assert sandbox.ssh(blackwell, smi).stdout.splitlines() == ["NVIDIA GB200, 189471 MiB"] * 4
+    nvswitch = "ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | wc -l"
+    assert sandbox.ssh(hopper, nvswitch).stdout.strip() == "4"
+    assert sandbox.ssh(blackwell, nvswitch).stdout.strip() == "0"   # the :no-nvswitch variant
+
+
+def test_serve_converges_and_a_second_run_changes_nothing(sandbox, hosts, pyinfra, testinfra_host):
+    first = pyinfra("inventories/sandbox.py", "deploys/serve.py").check()
+    assert first.changed > 0 and first.errors == 0
+    second = pyinfra("inventories/sandbox.py", "deploys/serve.py").check()
+    assert second.changed == 0, second.output[-3000:]
+    assert second.unchanged == first.changed + first.unchanged
+
+    for h in hosts:
+        t = testinfra_host(h)
+        user = t.user(layout.SERVICE_USER)
+        assert user.exists and user.shell == "/usr/sbin/nologin" and user.uid < 1000
+        etc = t.file(layout.ETC_DIR)
+        assert etc.is_directory and etc.user == "root" and etc.group == layout.SERVICE_GROUP
+        assert etc.mode == 0o750
+        cache = t.file(layout.cache_dir(NVME, "minimax"))
+        assert cache.is_directory and cache.user == layout.SERVICE_USER and cache.mode == 0o750
+        assert t.file(layout.models_dir(NVME)).is_directory
+        assert t.file(layout.releases_dir("minimax")).is_directory
