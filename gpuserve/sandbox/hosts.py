@@ -265,8 +265,12 @@ class Sandbox:
             proc = run([*self.ssh_args(host), "systemctl is-system-running --wait"],
                        check=False, timeout=max(5.0, deadline - time.monotonic()))
             state = proc.stdout.strip() or state
-            if state in ("running", "degraded"):
+            if state == "running":
                 return state
+            if state == "degraded":
+                failed = run([*self.ssh_args(host), "systemctl --failed --no-legend --plain"],
+                             check=False).stdout.split()
+                return f"degraded (failed: {' '.join(u for u in failed if '.' in u)})"
             time.sleep(0.3)
         raise SandboxError(f"{host.name} ({host.ip}) not ready after {wait:.0f} s (state {state}); "
                            f"see {self.host_dir(host) / 'console.log'}")
