@@ -276,43 +276,39 @@ def _recipe(c: _Checker, hw: HardwareProfile | None) -> tuple[str | None, bool]:
     return name, False
 
 
-def _model(c: _Checker, require_revision: bool) -> dict[str, Any] | None:
-    ok = True
+def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
+    """The model keys; a value is None when it is invalid (the problem is recorded)."""
     repo = c.get("model_repo")
     if not isinstance(repo, str) or not REPO.fullmatch(repo):
         c.problem("model_repo", f"{repo!r} is not a repository id like 'MiniMaxAI/MiniMax-M3.1-Flash'")
-        ok = False
+        repo = None
     rev = c.get("model_revision")
     if rev is None and require_revision:
         c.problem("model_revision", "not pinned: set a 40-hex lowercase commit sha (resolve a "
                   "branch with HfApi().model_info(repo, revision=...).sha); branch names are "
                   "never served")
-        ok = False
     elif rev is not None and (not isinstance(rev, str) or not SHA.fullmatch(rev)):
         c.problem("model_revision", f"{rev!r} is not a commit sha: use the full 40-hex lowercase "
                   "sha, not a branch, tag or short sha")
-        ok = False
+        rev = None
     source = c.one_of("model_source", MODEL_SOURCES)
-    ok = ok and source is not None
     endpoint = c.get("hf_endpoint")
     if endpoint is not None and not (isinstance(endpoint, str) and re.match(r"https?://\S+$", endpoint)):
         c.problem("hf_endpoint", f"{endpoint!r} is not an http(s) URL")
-        ok = False
+        endpoint = None
     local = c.get("model_local_path")
     if source == "local" and not (isinstance(local, str) and local):
         c.problem("model_local_path", "model_source is 'local': set model_local_path to the "
                   "directory that holds the checkpoint", c.sources["model_source"])
-        ok = False
     elif local is not None and not isinstance(local, str):
         c.problem("model_local_path", f"{local!r} is not a path")
-        ok = False
-    if not ok:
-        return None
+        local = None
     return dict(model_repo=repo, model_revision=rev, model_source=source, hf_endpoint=endpoint,
                 model_local_path=local)
 
 
-def _engine(c: _Checker, recipe: str | None) -> dict[str, Any] | None:
+def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
+    """The engine keys; a value is None when it is invalid (the problem is recorded)."""
     engine = c.one_of("engine", ENGINES)
     version = c.get("engine_version")
     if not isinstance(version, str) or not VERSION.fullmatch(version):
@@ -338,26 +334,20 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any] | None:
         c.problem("torch_backend", f"{backend!r} is not allowed; use cu126, cu128, cu129, cu130, "
                   "rocmX.Y or cpu")
         backend = None
-    if None in (engine, version, package, python, backend):
-        return None
     return dict(engine=engine, engine_version=version, engine_package=package,
                 python_version=python, torch_backend=backend)
 
 
-def _host_level(c: _Checker) -> dict[str, Any] | None:
-    ok = True
+def _host_level(c: _Checker) -> dict[str, Any]:
+    """Keys other layers use (no effect on rendering); invalid ones are recorded as problems."""
     nvme = c.get("nvme_path")
     if not (isinstance(nvme, str) and posixpath.isabs(nvme)):
         c.problem("nvme_path", f"{nvme!r} is not an absolute path")
-        ok = False
     margin = c.get("weights_free_margin_gib")
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
         c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= 0 (GiB)")
-        ok = False
     reboot = c.one_of("reboot", REBOOT)
     unavailable = c.integer("max_unavailable", 1)
-    if not ok or reboot is None or unavailable is None:
-        return None
     return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable)
 
@@ -555,17 +545,23 @@ def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettin
     model = _model(c, require_revision)
     engine = _engine(c, recipe)
     level = _host_level(c)
-    repo = c.get("model_repo")
-    deployments = _deployments(c, repo if isinstance(repo, str) and REPO.fullmatch(repo) else None)
-    if c.problems or None in (hw, recipe, model, engine, level, deployments):
-        return None, c.problems
-    settings = HostSettings(
-        host=host.name, groups=tuple(host.groups), hardware=hw, recipe=recipe,
-        recipe_explicit=explicit, deployments=deployments,
-        sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings),
-        **model, **engine, **level,
+    deployments = _deployments(c, model["model_repo"])
+    settings = None
+    problems = list(c.problems)
+    renderable = (
+        hw is not None and recipe is not None and deployments is not None
+        and None not in (model["model_repo"], model["model_source"], engine["engine"],
+                         engine["engine_package"], engine["torch_backend"])
     )
-    return settings, recipes.check(settings)
+    if renderable:  # recipe-level checks too, so one run reports everything
+        settings = HostSettings(
+            host=host.name, groups=tuple(host.groups), hardware=hw, recipe=recipe,
+            recipe_explicit=explicit, deployments=deployments,
+            sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings),
+            **model, **engine, **level,
+        )
+        problems += recipes.check(settings)
+    return (None if problems else settings), problems
 
 
 def load_host(host: Host, *, require_revision: bool = True) -> HostSettings:
