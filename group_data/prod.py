@@ -1,0 +1,15 @@
+"""Production fleet (inventories/prod.py): what every prod host shares.
+
+Every prod host is also in its hardware group (hopper_x8.py, blackwell_x4.py, mi355x_x4.py),
+which picks the recipe. This file beats those groups (pyinfra: the inventory's own group wins).
+"""
+
+# THE PIN TO CHANGE: the MiniMaxAI/MiniMax-M3.1-Flash commit every prod host serves.
+# Placeholder until the first rollout; resolve the real one on the control node with
+#   python -c "from huggingface_hub import HfApi; print(HfApi().model_info('MiniMaxAI/MiniMax-M3.1-Flash').sha)"
+model_revision = "0123456789abcdef0123456789abcdef01234567"
+
+# One API key, on the control node (a path relative to where pyinfra/gpuserve runs, i.e. the
+# repo root; keep it out of git). The service layer copies it into a 0600 env file on each host
+# as VLLM_API_KEY; it never appears in argv or serve.yaml.
+api_keys_file = "secrets/prod-api-keys"

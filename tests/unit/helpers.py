@@ -1,0 +1,60 @@
+"""Helpers: pyinfra inventories built in memory, the way pyinfra's own loader builds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Inventory
+
+from gpuserve.config import ConfigError, HostSettings, validate_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parent / "fixtures"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+HARDWARE = {
+    "hopper_x8": {"gpu_model": "H200", "gpu_count": 8, "nvswitch": True},
+    "blackwell_x4": {"gpu_model": "GB200", "gpu_count": 4, "nvswitch": True},
+    "mi355x_x4": {"gpu_model": "MI355X", "gpu_count": 4, "nvswitch": False,
+                  "torch_backend": "rocm7.2"},
+    "cpu": {"gpu_model": "cpu", "gpu_count": 0, "nvswitch": False},
+}
+
+
+def make_inventory(
+    host_data: dict | None = None,
+    group: str = "hopper_x8",
+    group_data: dict | None = None,
+    fleet: dict | None = None,
+    all_data: dict | None = None,
+    override: dict | None = None,
+    hosts: tuple[str, ...] = ("h1",),
+) -> Inventory:
+    """Hosts in a hardware group and in group ``fleet`` (which wins, like an inventory's file
+    group); ``fleet`` pins the model revision unless told otherwise."""
+    fleet = {"model_revision": SHA} if fleet is None else fleet
+    return Inventory(
+        ([(name, dict(host_data or {})) for name in hosts], dict(all_data or {})),
+        override_data=override,
+        **{
+            group: (list(hosts), {**HARDWARE.get(group, {}), **(group_data or {})}),
+            "fleet": (list(hosts), fleet),
+        },
+    )
+
+
+def settings_of(inventory: Inventory, host: str = "h1") -> HostSettings:
+    return validate_inventory(inventory)[host]
+
+
+def problems_of(inventory: Inventory) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        validate_inventory(inventory)
+    return [str(p) for p in caught.value.problems]
+
+
+def one_problem(inventory: Inventory) -> str:
+    found = problems_of(inventory)
+    assert len(found) == 1, found
+    return found[0]

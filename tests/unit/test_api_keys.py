@@ -1,0 +1,51 @@
+"""API keys come from a control-node file into the secret env, exactly one key."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuserve.api_keys import read_api_keys, secret_env
+from gpuserve.config import ConfigError
+from gpuserve.recipes import render
+
+from .helpers import make_inventory, settings_of
+
+
+def config_with_keys_file(path: str):
+    return render(settings_of(make_inventory(host_data={"api_keys_file": path})), "minimax")
+
+
+def test_one_key_with_comments_and_blank_lines(tmp_path):
+    (tmp_path / "keys").write_text("# rotated 2026-10\n\n  sk-live-one  \n")
+    config = config_with_keys_file("keys")
+    assert secret_env(config, base_dir=tmp_path) == {"VLLM_API_KEY": "sk-live-one"}
+    assert read_api_keys(tmp_path / "keys") == ["sk-live-one"]
+
+
+def test_no_keys_file_no_secret_env():
+    assert secret_env(render(settings_of(make_inventory()), "minimax")) == {}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a\nb\n", "holds 2 keys; VLLM_API_KEY takes exactly one"),
+    ("# nothing\n", "holds 0 keys"),
+    ("two words\n", "contains whitespace"),
+])
+def test_bad_key_files(tmp_path, text, message):
+    (tmp_path / "keys").write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        secret_env(config_with_keys_file("keys"), base_dir=tmp_path)
+    assert message in str(caught.value)
+    assert str(caught.value).splitlines()[1].startswith(
+        f"  - h1: deployments.minimax.api_keys_file (from file {tmp_path / 'keys'}): ")
+
+
+def test_missing_key_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the key file"):
+        secret_env(config_with_keys_file("absent"), base_dir=tmp_path)
+
+
+def test_missing_key_file_only_warns_at_plan_time():
+    s = settings_of(make_inventory(host_data={"api_keys_file": "secrets/not-here"}))
+    assert s.warnings == ("deployments.minimax: api_keys_file secrets/not-here does not exist on "
+                          "this control node yet; the service layer needs it",)
