@@ -40,7 +40,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -163,6 +165,21 @@ def publish_checkpoint(
     for ref in ([branch] if branch else []) + list(tags):
         set_ref(root, repo_id, ref, sha)
     return sha
+
+
+def publish_tiny_checkpoint(root: str | os.PathLike, repo_id: str, *, seed: int, variant: int = 0,
+                            branch: str | None = "main") -> tuple[str, dict[str, Any]]:
+    """Make the tiny checkpoint (``seed``, ``variant``) and publish it as a commit of ``repo_id``.
+
+    Returns ``(sha, info)`` with ``info`` from :func:`~gpuserve.sandbox.tiny_checkpoint.make_tiny_checkpoint`
+    (its ``path`` is a temporary directory, already removed).
+    """
+    from gpuserve.sandbox.tiny_checkpoint import make_tiny_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="tiny-ckpt-") as tmp:
+        info = make_tiny_checkpoint(tmp, seed=seed, variant=variant)
+        sha = publish_checkpoint(root, repo_id, tmp, branch=branch)
+    return sha, info
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -738,8 +755,8 @@ class HubServer(ThreadingHTTPServer):
     def start(self) -> HubServer:
         for srv in (self, self.cdn):
             if srv is not None:
-                t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, name=f"sandbox-hub-{srv.server_address[1]}",
-                                     daemon=True)
+                t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1},
+                                     name=f"sandbox-hub-{srv.server_address[1]}", daemon=True)
                 t.start()
                 self._serve_threads.append(t)
         return self
@@ -779,8 +796,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token", default=os.environ.get("GPUSERVE_HUB_TOKEN"),
                     help="require 'Authorization: Bearer TOKEN' (env GPUSERVE_HUB_TOKEN)")
     ap.add_argument("--lfs-redirect", action="store_true", help="302 LFS files to a second (CDN) listener")
+    ap.add_argument("--publish-tiny", metavar="ORG/NAME", help="first publish a tiny checkpoint to this repo (main)")
+    ap.add_argument("--seed", type=int, default=0, help="seed for --publish-tiny")
+    ap.add_argument("--variant", type=int, default=0, help="variant for --publish-tiny")
     args = ap.parse_args(argv)
     Path(args.root).mkdir(parents=True, exist_ok=True)
+    if args.publish_tiny:
+        sha, _ = publish_tiny_checkpoint(args.root, args.publish_tiny, seed=args.seed, variant=args.variant)
+        print(f"published {args.publish_tiny}@{sha} (main)", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = HubServer(args.root, args.bind, args.port, token=args.token, lfs_redirect=args.lfs_redirect)
     print(f"sandbox hub serving {server.root} on {server.url}"
           + (f" (cdn {server.state.cdn_base})" if server.cdn else ""), flush=True)

@@ -101,7 +101,7 @@ CHAT_TEMPLATE = (
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode map (what tokenizers' ByteLevel pre-tokenizer emits)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):

@@ -27,7 +27,14 @@ from huggingface_hub.errors import (  # noqa: E402
     RevisionNotFoundError,
 )
 
-from gpuserve.sandbox.hub import commit_sha_for_dir, git_blob_sha1, publish_checkpoint, serve_in_thread, set_ref  # noqa: E402
+from gpuserve.sandbox.hub import (  # noqa: E402
+    commit_sha_for_dir,
+    git_blob_sha1,
+    publish_checkpoint,
+    publish_tiny_checkpoint,
+    serve_in_thread,
+    set_ref,
+)
 from gpuserve.sandbox.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 
 REPO = "acme/tiny-moe"
@@ -283,3 +290,30 @@ def test_token_and_lfs_redirect(published, tmp_path):
         assert server.bytes_served == sum(m["size"] for m in published["v0"]["files"].values())
     finally:
         server.stop()
+
+
+def test_publish_tiny_and_cli(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    sha, info = publish_tiny_checkpoint(tmp_path / "root", "acme/cli", seed=5, variant=2)
+    assert (tmp_path / "root" / "acme" / "cli" / sha / info["varied_shard"]).is_file()
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "gpuserve.sandbox.hub", "--root", str(tmp_path / "root"),
+                             "--bind", "127.0.0.1", "--port", str(port), "--publish-tiny", "acme/cli2", "--seed", "5",
+                             "--variant", "2"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == f"published acme/cli2@{sha} (main)"  # content-addressed
+        for _ in range(100):
+            try:
+                info2 = HfApi(endpoint=f"http://127.0.0.1:{port}", token=False).model_info("acme/cli2")
+                break
+            except Exception:
+                time.sleep(0.05)
+        assert info2.sha == sha
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

@@ -104,7 +104,8 @@ def test_tokenizer_roundtrip_and_specials(ckpt):
     text = 'héllo wörld <tool_call>{"name": "f", "arguments": {}}</tool_call> ✓'
     enc = tok.encode(text)
     assert tok.decode(enc.ids, skip_special_tokens=False) == text
-    ids = {t: tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")}
+    names = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
+    ids = {t: tok.token_to_id(t) for t in names}
     assert all(i is not None and i >= 256 for i in ids.values())
     assert ids["<tool_call>"] in enc.ids and ids["</tool_call>"] in enc.ids
     # every id decodes (the model can emit any id below vocab_size)
