@@ -274,22 +274,28 @@ def _write_index(repo: Path, scan_dir: str, index_dir: Path, release_dir: Path, 
     _sign(gnupg, release_dir / "Release")
 
 
-def ensure_key(gnupg: Path) -> None:
+def _ensure_key(gnupg: Path) -> None:
     """A signing key for the stand-in repositories (made once, shared by all instances)."""
-    with file_lock(gnupg.parent / "standin-gnupg.lock"):
-        if (gnupg / "pubring.kbx").is_file() and run(
-                ["gpg", "--homedir", str(gnupg), "--batch", "--list-secret-keys"]).stdout.strip():
-            return
-        shutil.rmtree(gnupg, ignore_errors=True)
-        gnupg.mkdir(mode=0o700, parents=True)
-        run(["gpg", "--homedir", str(gnupg), "--batch", "--passphrase", "", "--quick-gen-key",
-             "gpuserve sandbox stand-in repositories <stand-in@gpuserve.invalid>", "ed25519", "sign", "never"])
+    if (gnupg / "pubring.kbx").is_file() and run(
+            ["gpg", "--homedir", str(gnupg), "--batch", "--list-secret-keys"]).stdout.strip():
+        return
+    shutil.rmtree(gnupg, ignore_errors=True)
+    gnupg.mkdir(mode=0o700, parents=True)
+    run(["gpg", "--homedir", str(gnupg), "--batch", "--passphrase", "", "--quick-gen-key",
+         "gpuserve sandbox stand-in repositories <stand-in@gpuserve.invalid>", "ed25519", "sign", "never"])
 
 
 def build(www: Path, gnupg: Path, cuda_url: str, rocm_url: str) -> None:
-    """Build both repositories into www (replaced)."""
+    """Build both repositories into www (replaced). Instances share the key (and its gpg-agent,
+    stopped at the end), so builds take turns."""
+    gnupg.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(gnupg.parent / "standin-gnupg.lock"):
+        _build(www, gnupg, cuda_url, rocm_url)
+
+
+def _build(www: Path, gnupg: Path, cuda_url: str, rocm_url: str) -> None:
     t0 = time.monotonic()
-    ensure_key(gnupg)
+    _ensure_key(gnupg)
     shutil.rmtree(www, ignore_errors=True)
     work = www.with_name(www.name + ".work")
     shutil.rmtree(work, ignore_errors=True)
