@@ -336,7 +336,7 @@ def _build(www: Path, gnupg: Path, cuda_url: str, rocm_url: str) -> None:
 
 def _inputs_stamp(*urls: str) -> str:
     h = hashlib.sha256()
-    for path in [Path(__file__), *sorted(STANDIN.iterdir())]:
+    for path in [Path(__file__), Path(stack.__file__), *sorted(STANDIN.iterdir())]:
         h.update(path.read_bytes())
     h.update(repr((NVIDIA_DRIVERS, ROCM_RELEASES, urls)).encode())
     return h.hexdigest()
