@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpuserve.sandbox import image, network, simgpu
+from gpuserve.sandbox import image, network, simgpu, standin_repo
 from gpuserve.sandbox.simgpu import HostSpec
 from gpuserve.sandbox.util import SandboxError, file_lock, log, run
 
@@ -33,7 +33,7 @@ DEFAULT_PROFILES = ("hopper_x8", "blackwell_x4")
 REQUIRED_TOOLS = {
     "debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "ip": "iproute2",
     "ssh": "openssh-client", "ssh-keygen": "openssh-client", "mountpoint": "util-linux",
-    "apt-cacher-ng": "apt-cacher-ng",
+    "apt-cacher-ng": "apt-cacher-ng", "gcc": "gcc", "gpg": "gnupg", "dpkg-scanpackages": "dpkg-dev",
 }
 
 
@@ -131,6 +131,7 @@ class Sandbox:
             self._ensure_key()
             network.ensure_bridge(self.instance)
             apt_proxy = network.ensure_apt_cache(self.instance, self.state_dir, self.mirror)
+            standin_repo.ensure(self.root, self.state_dir, self.instance)
             lxcfs = network.ensure_lxcfs(self.root)
             prefix = network.subnet_prefix(self.instance)
             hosts = [SandboxHost(name=f"sandbox-{i}", index=i, ip=f"{prefix}.{i + 1}",
@@ -158,6 +159,7 @@ class Sandbox:
         with file_lock(self.state_dir / "lock"):
             self._down_hosts()
             network.stop_apt_cache(self.state_dir)
+            standin_repo.stop(self.state_dir)
             network.delete_bridge(self.instance)
 
     @classmethod

@@ -55,7 +55,7 @@ def delete_bridge(instance: int) -> None:
     run(["ip", "link", "del", bridge_name(instance)], check=False)
 
 
-def _port_open(host: str, port: int) -> bool:
+def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
@@ -63,7 +63,7 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-def _pid_alive(pidfile: Path) -> int | None:
+def pid_alive(pidfile: Path) -> int | None:
     try:
         pid = int(pidfile.read_text().strip())
         os.kill(pid, 0)
@@ -77,7 +77,7 @@ def ensure_apt_cache(instance: int, state_dir: Path, mirror: str) -> str:
     addr = bridge_ip(instance)
     url = apt_proxy_url(instance)
     acng = state_dir / "acng"
-    if _pid_alive(acng / "launcher.pid") and _port_open(addr, APT_CACHE_PORT):
+    if pid_alive(acng / "launcher.pid") and port_open(addr, APT_CACHE_PORT):
         return url
     binary = shutil.which("apt-cacher-ng") or "/usr/sbin/apt-cacher-ng"
     if not Path(binary).exists():
@@ -100,7 +100,7 @@ def ensure_apt_cache(instance: int, state_dir: Path, mirror: str) -> str:
     )
     (acng / "launcher.pid").write_text(str(proc.pid))
     for _ in range(100):
-        if _port_open(addr, APT_CACHE_PORT):
+        if port_open(addr, APT_CACHE_PORT):
             return url
         if proc.poll() is not None:
             break
@@ -111,7 +111,7 @@ def ensure_apt_cache(instance: int, state_dir: Path, mirror: str) -> str:
 def stop_apt_cache(state_dir: Path) -> None:
     acng = state_dir / "acng"
     for name in ("pid", "launcher.pid"):
-        pid = _pid_alive(acng / name)
+        pid = pid_alive(acng / name)
         if pid:
             os.kill(pid, signal.SIGTERM)
         (acng / name).unlink(missing_ok=True)
@@ -140,7 +140,7 @@ def ensure_lxcfs(root: Path) -> Path | None:
 
 def stop_lxcfs(root: Path) -> None:
     mnt = root / "lxcfs"
-    pid = _pid_alive(root / "lxcfs.pid")
+    pid = pid_alive(root / "lxcfs.pid")
     run(["umount", str(mnt)], check=False)
     if pid:
         os.kill(pid, signal.SIGTERM)

@@ -2,14 +2,18 @@
 
 Inside a host (all paths say "gpuserve-sim"):
     /etc/gpuserve-sim/hardware.json          what is "physically" there (written at host creation)
-    /usr/local/lib/gpuserve-sim/bin/         stand-in vendor tools (nvidia-smi), linked into
-                                             /usr/bin by the stand-in driver packages only
+    /usr/local/lib/gpuserve-sim/bin/         stand-in vendor tools (nvidia-smi, amd-smi), linked
+                                             into /usr/bin by the stand-in packages only
     /var/lib/gpuserve-sim/                   state the stand-in packages write (the installed
                                              kernel-module version) and nvidia-smi -pm keeps
     /proc/driver                             bound read-only from <host dir>/sim/proc-driver,
                                              rebuilt at every boot: the "loaded" module appears
                                              only when a module was installed before that boot,
-                                             like a real driver that needs a reboot
+                                             like a real driver that needs a reboot; for AMD
+                                             hosts /proc/driver/gpuserve-sim-amdgpu/version
+                                             (read by the stand-in amd-smi only)
+
+The stand-in packages that install the "drivers" come from gpuserve.sandbox.standin_repo.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class SimProfile:
     count: int
     nvswitch_count: int    # NVSwitch chips on the baseboard (HGX / NVL): 0 = PCIe-style host
     nvlink_gen: int = 0
+    gfx: str = ""          # AMD: the gfx target amd-smi reports
 
 
 PROFILES: dict[str, SimProfile] = {
@@ -47,7 +52,7 @@ PROFILES: dict[str, SimProfile] = {
     "hopper_x8": SimProfile("nvidia", "NVIDIA H200", 143771, 8, nvswitch_count=4, nvlink_gen=4),
     # GB200 compute tray: 4 GPUs, NVLink 5 switch fabric (needs fabric manager + nvlsm)
     "blackwell_x4": SimProfile("nvidia", "NVIDIA GB200", 189471, 4, nvswitch_count=2, nvlink_gen=5),
-    "mi355x_x4": SimProfile("amd", "AMD Instinct MI355X", 294896, 4, nvswitch_count=0),
+    "mi355x_x4": SimProfile("amd", "AMD Instinct MI355X", 294896, 4, nvswitch_count=0, gfx="gfx950"),
     "cpu": SimProfile("none", "", 0, 0, nvswitch_count=0),
 }
 
@@ -83,6 +88,7 @@ def hardware(spec: HostSpec, host_name: str) -> dict:
             "memory_mib": p.memory_mib,
             "pci_bus_id": f"00000000:{0x18 + 0x10 * i:02X}:00.0",
             "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host_name}.gpu{i}.gpuserve-sim')}",
+            **({"gfx": p.gfx} if p.gfx else {}),
         }
         for i in range(p.count)
     ]
@@ -103,7 +109,7 @@ def install(root: Path, spec: HostSpec, host_name: str) -> None:
     (root / HARDWARE_FILE).write_text(json.dumps(hardware(spec, host_name), indent=2) + "\n")
     bin_dir = root / BIN_DIR
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for tool in ("nvidia-smi",):
+    for tool in ("nvidia-smi", "amd-smi"):
         shutil.copyfile(FILES / f"sim-{tool}", bin_dir / tool)
         (bin_dir / tool).chmod(0o755)
     (root / STATE_DIR).mkdir(parents=True, exist_ok=True)
@@ -125,6 +131,10 @@ def on_boot(root: Path, proc_driver: Path) -> None:
         hw = json.loads((root / HARDWARE_FILE).read_text())
     except FileNotFoundError:
         return
+    amdgpu = root / AMDGPU_MODULE_VERSION_FILE
+    if hw["vendor"] == "amd" and amdgpu.is_file():
+        (proc_driver / "gpuserve-sim-amdgpu").mkdir()
+        (proc_driver / "gpuserve-sim-amdgpu" / "version").write_text(amdgpu.read_text())
     module = root / NVIDIA_MODULE_VERSION_FILE
     if hw["vendor"] != "nvidia" or not module.is_file():
         return

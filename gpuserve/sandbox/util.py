@@ -19,14 +19,16 @@ def log(message: str) -> None:
 
 
 def run(cmd: Sequence[str], *, check: bool = True, timeout: float | None = None,
-        input: str | None = None) -> subprocess.CompletedProcess:
+        input: str | None = None, cwd: Path | str | None = None,
+        text: bool = True) -> subprocess.CompletedProcess:
     """Run a command on this machine; on failure raise SandboxError with its output."""
     try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input)
+        proc = subprocess.run(list(cmd), capture_output=True, text=text, timeout=timeout, input=input, cwd=cwd)
     except FileNotFoundError as exc:
         raise SandboxError(f"{cmd[0]} is not installed here: run dev/bootstrap.sh") from exc
     if check and proc.returncode != 0:
-        out = (proc.stderr or proc.stdout).strip()[-2000:]
+        out = (proc.stderr or proc.stdout)
+        out = (out if text else out.decode(errors="replace")).strip()[-2000:]
         raise SandboxError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {out}")
     return proc
 

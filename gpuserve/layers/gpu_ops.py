@@ -1,0 +1,135 @@
+"""Operations of the GPU stack layer that decide at execute time.
+
+pyinfra runs an operation's body twice: once while planning (facts as the host is before the
+run) and again when it executes (facts as earlier operations left the host). These operations
+read their facts in the body, so each decision (what to unhold, whether to reboot, whether the
+GPUs are all there) is made on the host's state at that moment, and a host that already is as
+configured yields no commands: "No Change".
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import server
+
+from gpuserve import stack
+from gpuserve.facts.amd import AmdgpuModule, AmdSmiGpus
+from gpuserve.facts.apt import AptHolds, AptPolicy
+from gpuserve.facts.nvidia import (CudaDeviceCount, NvidiaDriverGpus, NvidiaKernelModule, NvidiaSmiGpus,
+                                   NvSwitchDevices)
+from gpuserve.stack import PackageSpec
+
+
+def fail(message: str) -> FunctionCommand:
+    """A command that fails the operation with `message`, logged against the host."""
+
+    def report(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host) by name
+        host.log_styled(message, fg="red", log_func=logger.error)
+        return False
+
+    return FunctionCommand(report, (), {})
+
+
+def _plan(specs: list[PackageSpec], family: tuple[str, ...], with_versions: bool = False) -> stack.PackagePlan:
+    installed = {name: next(iter(versions)) for name, versions in host.get_fact(DebPackages).items() if versions}
+    held = host.get_fact(AptHolds)
+    plan = stack.plan_packages(specs, installed, held, None, family)
+    if with_versions and plan.changes:
+        policy = host.get_fact(AptPolicy, packages=[s.name for s in specs])
+        available = {name: p.versions for name, p in policy.items()}
+        plan = stack.plan_packages(specs, installed, held, available, family)
+    return plan
+
+
+@operation()
+def refresh_lists_for(specs: list[PackageSpec], family: tuple[str, ...] = ()):
+    """`apt-get update` when the set must change (its versions may be new to the lists)."""
+    if _plan(specs, family).changes:
+        yield "DEBIAN_FRONTEND=noninteractive apt-get update -q"
+
+
+@operation()
+def unhold_for_change(specs: list[PackageSpec], family: tuple[str, ...] = ()):
+    """Release the holds of a set that is about to move, so apt may change it."""
+    plan = _plan(specs, family)
+    if plan.unhold:
+        yield StringCommand("apt-mark", "unhold", *plan.unhold)
+
+
+@operation()
+def install_set(specs: list[PackageSpec], family: tuple[str, ...] = ()):
+    """Install the set at its pinned versions in one apt transaction (obsolete members removed)."""
+    plan = _plan(specs, family, with_versions=True)
+    if not plan.changes:
+        return
+    if plan.problems:
+        yield fail(f"{host.name}: cannot install " + "; ".join(plan.problems))
+        return
+    yield f"{stack.APT_INSTALL} {' '.join(shlex.quote(arg) for arg in plan.install)}"
+
+
+@operation()
+def hold_set(specs: list[PackageSpec], family: tuple[str, ...] = ()):
+    """Hold every member, so `apt upgrade` cannot split the driver from its fabric manager."""
+    plan = _plan(specs, family)
+    if plan.hold:
+        yield StringCommand("apt-mark", "hold", *plan.hold)
+
+
+@operation()
+def reboot_for_driver(vendor: str, package: str, allowed: bool, delay: int, timeout: int):
+    """Reboot when the installed kernel module package is not the loaded module, if allowed;
+    otherwise fail the host saying so (nothing after this operation runs)."""
+    if vendor == "nvidia":
+        found = host.get_fact(NvidiaKernelModule)
+        what = "NVIDIA driver"
+    else:
+        found = host.get_fact(AmdgpuModule)
+        what = "amdgpu driver"
+    installed = found.installed.get(package)
+    if not stack.module_differs(found.loaded, installed):
+        return
+    if not allowed:
+        yield fail(stack.reboot_refused_message(host.name, what, installed, found.loaded))
+        return
+    yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=timeout)
+
+
+def _units_active(units: list[str]) -> dict[str, bool]:
+    status = host.get_fact(SystemdStatus, services=[f"{u}.service" for u in units])
+    return {u: bool(status.get(f"{u}.service")) for u in units}
+
+
+@operation()
+def verify_nvidia(settings: stack.StackSettings):
+    """Declared hardware and configured stack against the host, after any reboot: the loaded
+    driver, nvidia-smi's GPUs, NVSwitches, services and a CUDA device count."""
+    if not state.is_executing:   # a prediction would only repeat the facts before the install
+        return
+    smi = host.get_fact(NvidiaSmiGpus)
+    cuda = host.get_fact(CudaDeviceCount)
+    seen = stack.NvidiaObserved(
+        loaded_driver=host.get_fact(NvidiaKernelModule).loaded, gpus=smi.gpus, smi_error=smi.error,
+        driver_gpus=host.get_fact(NvidiaDriverGpus),
+        nvswitches=len(host.get_fact(NvSwitchDevices)), units_active=_units_active(stack.nvidia_units(settings)),
+        cuda_count=cuda.count, cuda_error=cuda.error)
+    problems = stack.check_nvidia(settings, seen)
+    if problems:
+        yield fail(stack.failure_message(host.name, problems))
+
+
+@operation()
+def verify_amd(settings: stack.StackSettings):
+    """Declared hardware against amd-smi, and the ROCm release it reports."""
+    if not state.is_executing:
+        return
+    smi = host.get_fact(AmdSmiGpus)
+    seen = stack.AmdObserved(smi.gpus, smi.error, host.get_fact(AmdgpuModule).rocm)
+    problems = stack.check_amd(settings, seen)
+    if problems:
+        yield fail(stack.failure_message(host.name, problems))

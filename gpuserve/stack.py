@@ -1,0 +1,580 @@
+"""The GPU stack, as pure data: which packages, which versions, which repository, for which host.
+
+No pyinfra here: the layer (gpuserve.layers.gpu_stack) reads host facts and group data, hands
+them to these functions, and turns the answers into operations. Everything here is unit-tested.
+
+NVIDIA (Debian 12, Ubuntu 22.04 / 24.04, from NVIDIA's CUDA apt repository):
+    cuda-keyring (trust root + sources entry) -> nvidia-driver-pinning-<branch> (NVIDIA's branch
+    lock) + an apt preference of ours that pins every NVIDIA driver package to the *exact*
+    configured version (the driver metas depend with ">=", so without it apt would pull the
+    newest point release of the branch under an older meta) -> the driver flavour meta, the
+    kernel module package, nvidia-persistenced -> nvidia-fabricmanager + libnvidia-nscq at that
+    same exact version when the host has NVSwitches (+ nvlsm on NVLink 5) -> cuda-toolkit-<x-y>,
+    optional DCGM -> `apt-mark hold` on the whole set.
+AMD (ROCm from repo.radeon.com, one directory per release, so the release *is* the pin):
+    rocm key + sources for <release> + AMD's origin pin (600) -> amdgpu-dkms + rocm -> hold.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+class StackError(Exception):
+    """The GPU stack cannot be converged as configured on this host."""
+
+
+class StackConfigError(StackError, ValueError):
+    """A group-data key has a value the GPU stack cannot use (the lead maps it to config.ConfigError)."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        self.message = message
+        super().__init__(f"{key}: {message}")
+
+
+# --- group data ---------------------------------------------------------------------------------
+# Documented in docs/gpu-stack.md. Hardware (gpu_model, gpu_count, nvswitch) is declared by the
+# hardware groups (group_data/hopper_x8.py, ...); the rest are settings with these defaults.
+DEFAULTS: dict[str, object] = {
+    "gpu_stack": True,
+    "gpu_model": None,
+    "gpu_count": 0,
+    "nvswitch": False,
+    "nvidia_driver_version": "580.95.05",
+    "nvidia_driver_flavour": "open",
+    "cuda_toolkit": "13-0",
+    "cuda_repo_url": "https://developer.download.nvidia.com/compute/cuda/repos",
+    "cuda_keyring_version": "1.1-1",
+    "cuda_keyring_sha256": None,
+    "dcgm": False,
+    "rocm_version": "7.2",
+    "rocm_repo_url": "https://repo.radeon.com",
+    "reboot": "never",
+    "reboot_delay": 30,
+    "reboot_timeout": 1800,
+}
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    vendor: str          # nvidia | amd
+    family: str          # hopper, blackwell / the gfx target
+    nvlink_gen: int = 0  # NVLink generation of the model's NVSwitch systems (5 needs nvlsm)
+
+
+GPU_MODELS: dict[str, GpuModel] = {
+    "H100": GpuModel("nvidia", "hopper", 4),
+    "H200": GpuModel("nvidia", "hopper", 4),
+    "B200": GpuModel("nvidia", "blackwell", 5),
+    "GB200": GpuModel("nvidia", "blackwell", 5),
+    "B300": GpuModel("nvidia", "blackwell", 5),
+    "GB300": GpuModel("nvidia", "blackwell", 5),
+    "MI300X": GpuModel("amd", "gfx942"),
+    "MI325X": GpuModel("amd", "gfx942"),
+    "MI350X": GpuModel("amd", "gfx950"),
+    "MI355X": GpuModel("amd", "gfx950"),
+}
+
+FLAVOURS = ("open", "proprietary")
+# oldest driver branch each CUDA major runs on
+CUDA_MIN_BRANCH = {12: 525, 13: 580}
+# pinning packages (and the exact fabric manager naming this module knows) start with 580
+MIN_BRANCH = 580
+REBOOT_POLICIES = ("never", "allowed")
+SUPPORTED_OS = ("debian12", "ubuntu2204", "ubuntu2404")
+
+_DRIVER_VERSION = re.compile(r"^(\d{3})\.\d{1,3}(\.\d{1,3})?$")
+_TOOLKIT = re.compile(r"^(\d{2})-(\d)$")
+_ROCM_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    enabled: bool
+    gpu_model: str | None
+    gpu_count: int
+    nvswitch: bool
+    driver_version: str
+    flavour: str
+    cuda_toolkit: str | None
+    cuda_repo_url: str
+    cuda_keyring_version: str
+    cuda_keyring_sha256: str | None
+    dcgm: bool
+    rocm_version: str
+    rocm_repo_url: str
+    reboot_allowed: bool
+    reboot_delay: int
+    reboot_timeout: int
+
+    @property
+    def vendor(self) -> str | None:
+        return GPU_MODELS[self.gpu_model].vendor if self.gpu_model else None
+
+    @property
+    def branch(self) -> int:
+        return int(self.driver_version.split(".")[0])
+
+    @property
+    def nvlink_gen(self) -> int:
+        return GPU_MODELS[self.gpu_model].nvlink_gen if self.gpu_model and self.nvswitch else 0
+
+    @property
+    def cuda_major(self) -> int:
+        return int(self.cuda_toolkit.split("-")[0]) if self.cuda_toolkit else 13
+
+
+def _bool(data: Mapping, key: str) -> bool:
+    value = data.get(key, DEFAULTS[key])
+    if not isinstance(value, bool):
+        raise StackConfigError(key, f"must be True or False, got {value!r}")
+    return value
+
+
+def _int(data: Mapping, key: str, low: int, high: int) -> int:
+    value = data.get(key, DEFAULTS[key])
+    if isinstance(value, str) and value.isdigit():   # --data k=v gives strings
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise StackConfigError(key, f"must be a whole number from {low} to {high}, got {value!r}")
+    return value
+
+
+def _url(data: Mapping, key: str) -> str:
+    value = data.get(key, DEFAULTS[key])
+    if not isinstance(value, str) or not re.match(r"^https?://[^\s/]+", value):
+        raise StackConfigError(key, f"must be an http:// or https:// URL, got {value!r}")
+    return value.rstrip("/")
+
+
+def settings_from(data: Mapping) -> StackSettings:
+    """Validate the GPU-stack keys of one host's data (group data + host data + --data).
+
+    Raises StackConfigError naming the key and what is allowed. Keys a host does not set take
+    DEFAULTS. `--data key=value` arrives as strings: booleans accept only real booleans.
+    """
+    enabled = _bool(data, "gpu_stack")
+    model = data.get("gpu_model", DEFAULTS["gpu_model"])
+    if model is not None and model not in GPU_MODELS:
+        raise StackConfigError("gpu_model", f"unknown GPU model {model!r}; known: {', '.join(GPU_MODELS)}")
+    count = _int(data, "gpu_count", 1 if model else 0, 16)
+    nvswitch = _bool(data, "nvswitch")
+    if nvswitch and model and GPU_MODELS[model].vendor != "nvidia":
+        raise StackConfigError("nvswitch", f"{model} hosts have no NVSwitches; set nvswitch: False")
+
+    driver = str(data.get("nvidia_driver_version", DEFAULTS["nvidia_driver_version"]))
+    m = _DRIVER_VERSION.match(driver)
+    if not m:
+        raise StackConfigError("nvidia_driver_version",
+                               f"must be an exact driver version like '580.95.05', got {driver!r}")
+    if int(m.group(1)) < MIN_BRANCH:
+        raise StackConfigError("nvidia_driver_version",
+                               f"branch {m.group(1)} predates NVIDIA's driver pinning packages; "
+                               f"use branch {MIN_BRANCH} or later")
+    flavour = data.get("nvidia_driver_flavour", DEFAULTS["nvidia_driver_flavour"])
+    if flavour not in FLAVOURS:
+        raise StackConfigError("nvidia_driver_flavour", f"must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
+    if flavour == "proprietary" and model and GPU_MODELS[model].family == "blackwell":
+        raise StackConfigError("nvidia_driver_flavour",
+                               f"{model} (Blackwell) needs the open kernel modules: use 'open'")
+
+    toolkit = data.get("cuda_toolkit", DEFAULTS["cuda_toolkit"])
+    if toolkit is not None:
+        tm = _TOOLKIT.match(str(toolkit))
+        if not tm or int(tm.group(1)) not in CUDA_MIN_BRANCH:
+            raise StackConfigError("cuda_toolkit", f"must be like '13-0' (CUDA {'/'.join(map(str, CUDA_MIN_BRANCH))}) "
+                                                   f"or None, got {toolkit!r}")
+        need = CUDA_MIN_BRANCH[int(tm.group(1))]
+        if int(m.group(1)) < need:
+            raise StackConfigError("cuda_toolkit", f"CUDA {tm.group(1)} needs driver branch {need} or later, "
+                                                   f"nvidia_driver_version is {driver}")
+        toolkit = str(toolkit)
+
+    sha = data.get("cuda_keyring_sha256", DEFAULTS["cuda_keyring_sha256"])
+    if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", str(sha)):
+        raise StackConfigError("cuda_keyring_sha256", f"must be 64 lowercase hex digits or None, got {sha!r}")
+    keyring_version = str(data.get("cuda_keyring_version", DEFAULTS["cuda_keyring_version"]))
+    if not re.fullmatch(r"\d+(\.\d+)*-\d+", keyring_version):
+        raise StackConfigError("cuda_keyring_version", f"must be like '1.1-1', got {keyring_version!r}")
+
+    rocm = str(data.get("rocm_version", DEFAULTS["rocm_version"]))
+    if not _ROCM_VERSION.match(rocm):
+        raise StackConfigError("rocm_version", f"must be a ROCm release like '7.2' or '7.2.1', got {rocm!r}")
+
+    reboot = data.get("reboot", DEFAULTS["reboot"])
+    if reboot not in REBOOT_POLICIES:
+        raise StackConfigError("reboot", f"must be one of {', '.join(REBOOT_POLICIES)}, got {reboot!r}")
+
+    return StackSettings(
+        enabled=enabled, gpu_model=model, gpu_count=count, nvswitch=nvswitch,
+        driver_version=driver, flavour=flavour, cuda_toolkit=toolkit,
+        cuda_repo_url=_url(data, "cuda_repo_url"), cuda_keyring_version=keyring_version,
+        cuda_keyring_sha256=sha, dcgm=_bool(data, "dcgm"), rocm_version=rocm,
+        rocm_repo_url=_url(data, "rocm_repo_url"), reboot_allowed=reboot == "allowed",
+        reboot_delay=_int(data, "reboot_delay", 0, 3600),
+        reboot_timeout=_int(data, "reboot_timeout", 30, 7200),
+    )
+
+
+# --- the host's OS ------------------------------------------------------------------------------
+def os_key(release_meta: Mapping) -> str:
+    """/etc/os-release (pyinfra LinuxDistribution.release_meta) -> debian12 | ubuntu2204 | ubuntu2404."""
+    key = f"{release_meta.get('ID', '')}{str(release_meta.get('VERSION_ID', '')).replace('.', '')}"
+    if key not in SUPPORTED_OS:
+        found = f"{release_meta.get('ID', '?')} {release_meta.get('VERSION_ID', '?')}"
+        raise StackError(f"the GPU stack supports {', '.join(SUPPORTED_OS)}; this host runs {found}")
+    return key
+
+
+def cuda_arch(deb_arch: str) -> str:
+    """dpkg architecture -> the CUDA repository's directory name."""
+    archs = {"amd64": "x86_64", "arm64": "sbsa"}
+    if deb_arch not in archs:
+        raise StackError(f"no CUDA repository for architecture {deb_arch!r}; known: {', '.join(archs)}")
+    return archs[deb_arch]
+
+
+# --- apt package sets ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PackageSpec:
+    """A package of the held set. version: the upstream version it must have (exact, or a
+    release prefix such as '7.2' for ROCm); None: any version, upgraded with the set."""
+
+    name: str
+    version: str | None = None
+
+
+def upstream(version: str) -> str:
+    """'1:580.95.05-1' -> '580.95.05' (no epoch, no Debian revision)."""
+    version = version.split(":", 1)[-1]
+    return version.rsplit("-", 1)[0] if "-" in version else version
+
+
+def version_matches(version: str, wanted: str) -> bool:
+    """Whether a Debian version is the wanted upstream release ('7.2' matches '7.2.0.70200-43~22.04')."""
+    up = upstream(version)
+    return up == wanted or up.startswith(wanted + ".")
+
+
+def satisfied(spec: PackageSpec, installed: str | None) -> bool:
+    if installed is None:
+        return False
+    return spec.version is None or version_matches(installed, spec.version)
+
+
+def obsolete_packages(installed: Iterable[str], specs: Iterable[PackageSpec],
+                      family: Iterable[str]) -> list[str]:
+    """Installed packages of the managed family (fnmatch patterns) that the set no longer wants,
+    e.g. nvidia-driver-pinning-580 after a bump to 590."""
+    wanted = {s.name for s in specs}
+    patterns = list(family)
+    return sorted(p for p in installed
+                  if p not in wanted and any(fnmatch.fnmatchcase(p, pat) for pat in patterns))
+
+
+@dataclass(frozen=True)
+class PackagePlan:
+    unhold: list[str]      # held packages that must move (or go) first
+    install: list[str]     # apt-get install arguments: name=version, name, or name- (remove)
+    hold: list[str]        # packages of the set not yet held
+    problems: list[str]    # why the set cannot be installed from the configured repositories
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.install)
+
+
+def plan_packages(specs: list[PackageSpec], installed: Mapping[str, str], held: Iterable[str],
+                  available: Mapping[str, list[str]] | None = None,
+                  family: Iterable[str] = ()) -> PackagePlan:
+    """Unhold -> install -> hold, as one plan for the whole set.
+
+    installed: name -> installed version; held: `apt-mark showhold`; available: name -> versions
+    the configured repositories offer (newest first, as `apt-cache policy` lists them), or None
+    when not known yet (then versioned specs are planned by name only, for a dry run).
+    Nothing to do when every spec is satisfied and nothing obsolete is installed; otherwise the
+    whole set moves together: every held member is released, installed at its target (versioned
+    specs at the newest offered version of that release, the others at apt's candidate), and
+    held again, so apt never meets a held package it must change ("held broken packages").
+    """
+    held = set(held)
+    obsolete = obsolete_packages(installed, specs, family)
+    names = [s.name for s in specs]
+    if all(satisfied(s, installed.get(s.name)) for s in specs) and not obsolete:
+        return PackagePlan([], [], sorted(set(names) - held), [])
+    install, problems = [], []
+    for spec in specs:
+        if spec.version is None:
+            install.append(spec.name)
+            continue
+        if available is None:
+            install.append(spec.name)
+            continue
+        offered = available.get(spec.name, [])
+        match = next((v for v in offered if version_matches(v, spec.version)), None)
+        if match is None:
+            problems.append(f"{spec.name} {spec.version} is not offered by the configured repositories "
+                            f"(offered: {', '.join(offered[:5]) or 'none'})")
+        else:
+            install.append(f"{spec.name}={match}")
+    install += [f"{name}-" for name in obsolete]
+    unhold = sorted(held & (set(names) | set(obsolete)))
+    return PackagePlan(unhold, install, [], problems)
+
+
+APT_INSTALL = ("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+               "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
+
+
+# --- NVIDIA -------------------------------------------------------------------------------------
+CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+NVIDIA_PREFERENCES = "/etc/apt/preferences.d/gpuserve-nvidia-driver"
+NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpuserve-blacklist-nouveau.conf"
+NOUVEAU_BLACKLIST_TEXT = "# gpuserve: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
+FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
+PERSISTENCED_UNIT = "nvidia-persistenced"
+DCGM_UNIT = "nvidia-dcgm"
+
+
+def cuda_repo_dir(s: StackSettings, os: str, arch: str) -> str:
+    return f"{s.cuda_repo_url}/{os}/{arch}"
+
+
+def cuda_keyring_url(s: StackSettings, os: str, arch: str) -> str:
+    return f"{cuda_repo_dir(s, os, arch)}/cuda-keyring_{s.cuda_keyring_version}_all.deb"
+
+
+def cuda_sources(s: StackSettings, os: str, arch: str) -> tuple[str, str]:
+    """Path and content of the sources entry: the one cuda-keyring writes, at the configured URL."""
+    return (f"/etc/apt/sources.list.d/cuda-{os}-{arch}.list",
+            f"deb [signed-by={CUDA_KEYRING}] {cuda_repo_dir(s, os, arch)}/ /\n")
+
+
+def nvidia_preferences(s: StackSettings) -> str:
+    """Every NVIDIA driver package at exactly the configured version (any packaging revision)."""
+    return (f"# gpuserve: NVIDIA driver packages at exactly {s.driver_version} (group data "
+            "nvidia_driver_version).\n# nvidia-driver-pinning-<branch> keeps the branch; this keeps the "
+            "version, because the\n# driver metapackages depend with '>=' on their parts.\n"
+            "Package: *nvidia* libcuda* libnvcuvid* libnvoptix*\n"
+            f"Pin: version {s.driver_version}-*\n"
+            "Pin-Priority: 1001\n")
+
+
+def _ubuntu_branch_suffix(s: StackSettings, os: str) -> str:
+    """Ubuntu's CUDA repository names some packages per branch up to 580 (renamed from 590 on)."""
+    return f"-{s.branch}" if os.startswith("ubuntu") and s.branch < 590 else ""
+
+
+def nvidia_kernel_module_package(s: StackSettings, os: str) -> str:
+    if os.startswith("ubuntu"):
+        sfx = _ubuntu_branch_suffix(s, os)
+        return f"nvidia-dkms{sfx}-open" if s.flavour == "open" else f"nvidia-dkms{sfx}"
+    return "nvidia-kernel-open-dkms" if s.flavour == "open" else "nvidia-kernel-dkms"
+
+
+def nvidia_packages(s: StackSettings, os: str) -> list[PackageSpec]:
+    """The held NVIDIA set for this host, in install order."""
+    v, sfx = s.driver_version, _ubuntu_branch_suffix(s, os)
+    persistenced = f"nvidia-compute-utils{sfx}" if os.startswith("ubuntu") else "nvidia-persistenced"
+    specs = [
+        PackageSpec(f"nvidia-driver-pinning-{s.branch}"),
+        PackageSpec("nvidia-open" if s.flavour == "open" else "cuda-drivers", v),
+        PackageSpec(nvidia_kernel_module_package(s, os), v),
+        PackageSpec(persistenced, v),
+    ]
+    if s.nvswitch:
+        specs += [PackageSpec(f"nvidia-fabricmanager{sfx}", v), PackageSpec("libnvidia-nscq", v)]
+        if s.nvlink_gen >= 5:
+            specs.append(PackageSpec("nvlsm"))
+    if s.cuda_toolkit:
+        specs.append(PackageSpec(f"cuda-toolkit-{s.cuda_toolkit}"))
+    if s.dcgm:
+        specs.append(PackageSpec(f"datacenter-gpu-manager-4-cuda{s.cuda_major}"))
+    return specs
+
+
+def nvidia_family(os: str) -> tuple[str, ...]:
+    """Packages a branch or flavour change replaces: removed when no longer wanted."""
+    if os.startswith("ubuntu"):
+        return ("nvidia-driver-pinning-*", "nvidia-open", "cuda-drivers", "nvidia-dkms-*")
+    return ("nvidia-driver-pinning-*", "nvidia-open", "cuda-drivers",
+            "nvidia-kernel-open-dkms", "nvidia-kernel-dkms")
+
+
+def nvidia_units(s: StackSettings) -> list[str]:
+    """Services that must run once the driver is loaded."""
+    units = [PERSISTENCED_UNIT]
+    if s.nvswitch:
+        units.append(FABRIC_MANAGER_UNIT)
+    if s.dcgm:
+        units.append(DCGM_UNIT)
+    return units
+
+
+# --- AMD ----------------------------------------------------------------------------------------
+ROCM_KEY = "/etc/apt/keyrings/rocm.asc"
+ROCM_SOURCES = "/etc/apt/sources.list.d/rocm.list"
+ROCM_PREFERENCES = "/etc/apt/preferences.d/rocm-pin-600"
+ROCM_SUITES = {"ubuntu2204": "jammy", "ubuntu2404": "noble", "debian12": "jammy"}
+GPU_GROUPS = ("render", "video")
+
+
+def rocm_key_url(s: StackSettings) -> str:
+    return f"{s.rocm_repo_url}/rocm/rocm.gpg.key"
+
+
+def rocm_sources(s: StackSettings, os: str, deb_arch: str) -> str:
+    if deb_arch != "amd64":
+        raise StackError(f"ROCm packages exist for amd64 only, this host is {deb_arch}")
+    opts = f"[arch=amd64 signed-by={ROCM_KEY}]"
+    suite = ROCM_SUITES[os]
+    return (f"deb {opts} {s.rocm_repo_url}/amdgpu/{s.rocm_version}/ubuntu {suite} main\n"
+            f"deb {opts} {s.rocm_repo_url}/rocm/apt/{s.rocm_version} {suite} main\n")
+
+
+ROCM_PREFERENCES_TEXT = ("# gpuserve: ROCm from AMD's repository before any same-named distribution package\n"
+                         "Package: *\nPin: release o=repo.radeon.com\nPin-Priority: 600\n")
+
+
+def amd_packages(s: StackSettings) -> list[PackageSpec]:
+    return [PackageSpec("amdgpu-dkms"), PackageSpec("rocm", s.rocm_version)]
+
+
+# --- reboot and verification --------------------------------------------------------------------
+def module_differs(loaded: str | None, installed_pkg_version: str | None) -> bool:
+    """A reboot is needed when a kernel module package is installed whose version is not the
+    loaded module's (none loaded counts as different)."""
+    if installed_pkg_version is None:
+        return False
+    return loaded is None or not version_matches(installed_pkg_version, loaded)
+
+
+def reboot_refused_message(host: str, what: str, installed: str, loaded: str | None) -> str:
+    return (f"{host}: a reboot is needed to load {what} {upstream(installed)} (loaded now: "
+            f"{loaded or 'none'}), and this host may not be rebooted (reboot: never). The packages "
+            "are installed and held; services and verification wait for the reboot. Allow it with "
+            "`reboot: allowed` in the host's group data (or `--data reboot=allowed`), or reboot the "
+            "host yourself and converge again.")
+
+
+def model_of(reported_name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'; 'AMD Instinct MI355X' -> 'MI355X'."""
+    name = reported_name.strip()
+    for prefix in ("NVIDIA ", "AMD Instinct ", "AMD "):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    return name.split()[0] if name else ""
+
+
+@dataclass(frozen=True)
+class FoundGpu:
+    """One GPU as a vendor tool lists it (gpuserve.facts.nvidia / gpuserve.facts.amd)."""
+
+    name: str                 # as the vendor tool prints it: 'NVIDIA H200', 'AMD Instinct MI355X'
+    bus_id: str = ""
+    memory_mib: int = 0
+    driver_version: str = ""
+
+
+def _bus(bus_id: str) -> str:
+    """'00000000:18:00.0' (nvidia-smi) and '0000:18:00.0' (/proc) -> '18:00.0'."""
+    return bus_id.lower().split(":", 1)[-1] if bus_id.count(":") == 2 else bus_id.lower()
+
+
+def check_gpus(s: StackSettings, gpus: list[FoundGpu], tool: str, driver_bus_ids: list[str] = ()) -> list[str]:
+    """Declared gpu_model x gpu_count against what the vendor tool lists. driver_bus_ids: the
+    GPUs the kernel driver probed, to name one the tool no longer lists (fallen off the bus)."""
+    problems = []
+    if len(gpus) != s.gpu_count:
+        seen = ", ".join(g.bus_id or g.name for g in gpus) or "none"
+        if len(gpus) < s.gpu_count:
+            what = f"{s.gpu_count - len(gpus)} x {s.gpu_model} missing"
+            listed = {_bus(g.bus_id) for g in gpus}
+            lost = [b for b in driver_bus_ids if _bus(b) not in listed]
+            if lost:
+                what += f"; the driver probed {', '.join(lost)} but {tool} does not list it"
+        else:
+            what = f"{len(gpus) - s.gpu_count} more than declared"
+        problems.append(f"gpu_count: declared {s.gpu_count} x {s.gpu_model}, {tool} found "
+                        f"{len(gpus)} ({what}; found: {seen})")
+    wrong = sorted({g.name for g in gpus if model_of(g.name) != s.gpu_model})
+    if wrong:
+        problems.append(f"gpu_model: declared {s.gpu_model}, {tool} found {', '.join(wrong)}")
+    return problems
+
+
+CUDA_ERRORS = {
+    100: "CUDA_ERROR_NO_DEVICE",
+    802: "CUDA_ERROR_SYSTEM_NOT_READY: fabric manager not running or not matching the driver",
+    803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: libcuda does not match the loaded kernel module",
+    999: "CUDA_ERROR_UNKNOWN",
+}
+
+
+@dataclass(frozen=True)
+class NvidiaObserved:
+    """What the host shows after the converge, from gpuserve.facts.nvidia."""
+
+    loaded_driver: str | None
+    gpus: list[FoundGpu]
+    smi_error: str | None
+    driver_gpus: list[str]          # bus IDs under /proc/driver/nvidia/gpus
+    nvswitches: int
+    units_active: Mapping[str, bool]
+    cuda_count: int | None
+    cuda_error: str | None
+
+
+def check_nvidia(s: StackSettings, seen: NvidiaObserved) -> list[str]:
+    """Everything declared and configured, against what the host shows. [] when all is well."""
+    problems = []
+    if seen.loaded_driver != s.driver_version:
+        problems.append(f"nvidia_driver_version: configured {s.driver_version}, loaded kernel module "
+                        f"{seen.loaded_driver or 'none'}")
+    if seen.smi_error:
+        problems.append(f"nvidia-smi: {seen.smi_error}")
+    if seen.gpus or not seen.smi_error:
+        problems += check_gpus(s, seen.gpus, "nvidia-smi", seen.driver_gpus)
+        drivers = sorted({g.driver_version for g in seen.gpus if g.driver_version != s.driver_version})
+        if drivers:
+            problems.append(f"nvidia_driver_version: configured {s.driver_version}, nvidia-smi reports "
+                            f"{', '.join(drivers)}")
+    if s.nvswitch and not seen.nvswitches:
+        problems.append("nvswitch: declared True, found no NVSwitch in /proc/driver/nvidia-nvswitch/devices")
+    if not s.nvswitch and seen.nvswitches:
+        problems.append(f"nvswitch: declared False, found {seen.nvswitches} NVSwitch devices "
+                        "(fabric manager is not installed)")
+    for unit in nvidia_units(s):
+        if not seen.units_active.get(unit):
+            problems.append(f"{unit} is not running (systemctl status {unit})")
+    if seen.cuda_error:
+        problems.append(f"CUDA check failed: {seen.cuda_error}")
+    elif seen.cuda_count != s.gpu_count:
+        problems.append(f"gpu_count: declared {s.gpu_count}, CUDA (cuDeviceGetCount) sees {seen.cuda_count}")
+    return problems
+
+
+@dataclass(frozen=True)
+class AmdObserved:
+    gpus: list[FoundGpu]
+    smi_error: str | None
+    rocm_version: str | None
+
+
+def check_amd(s: StackSettings, seen: AmdObserved) -> list[str]:
+    problems = [f"amd-smi: {seen.smi_error}"] if seen.smi_error else []
+    if seen.gpus or not seen.smi_error:
+        problems += check_gpus(s, seen.gpus, "amd-smi")
+    if not seen.rocm_version or not version_matches(seen.rocm_version, s.rocm_version):
+        problems.append(f"rocm_version: configured {s.rocm_version}, amd-smi reports ROCm "
+                        f"{seen.rocm_version or 'none'}")
+    return problems
+
+
+def failure_message(host: str, problems: list[str]) -> str:
+    return f"{host}: GPU stack verification failed:\n" + "\n".join(f"  - {p}" for p in problems)
