@@ -2,16 +2,15 @@
 
     pyinfra inventories/prod.py deploys/serve.py
 
-Idempotent: a second run reports no changes.
+The whole inventory is validated before any host is touched. Idempotent: a second run reports
+no changes.
 """
 
-from pyinfra import host
-
 from gpuserve.layers.base import base_layout
+from gpuserve.layers.context import host_settings
 from gpuserve.layers.gpu_stack import gpu_stack
 
-base_layout(
-    nvme_path=host.data.get("nvme_path"),
-    deployments=sorted(host.data.get("deployments")),
-)
+settings = host_settings()
+
+base_layout(settings.nvme_path, [d.name for d in settings.deployments])
 gpu_stack()

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpuserve import layout, recipes
+from gpuserve import layout, recipes, stack
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 
@@ -74,7 +74,8 @@ DEPLOYMENT_DEFAULTS: dict[str, Any] = {
     "serve_env": {},
     "api_keys_file": None,
 }
-KEYS = set(HOST_DEFAULTS) | set(DEPLOYMENT_DEFAULTS)
+# The GPU stack layer's keys are validated by gpuserve.stack (docs/gpu-stack.md)
+KEYS = set(HOST_DEFAULTS) | set(DEPLOYMENT_DEFAULTS) | set(stack.DEFAULTS)
 
 MODEL_SOURCES = ("huggingface", "modelscope", "local")
 ENGINES = ("vllm", "sglang")
@@ -159,6 +160,7 @@ class HostSettings:
     reboot: str
     max_unavailable: int
     deployments: tuple[DeploymentSettings, ...]
+    stack: stack.StackSettings  # the GPU stack layer's settings
     sources: Mapping[str, str]  # top-level key -> where its value came from
     warnings: tuple[str, ...] = ()
 
@@ -536,6 +538,15 @@ def _unknown_keys(c: _Checker) -> None:
             _scan_values(c, value, key, data_source(c.host, key))
 
 
+def _gpu_stack(c: _Checker) -> stack.StackSettings | None:
+    try:
+        return stack.settings_from(c.host.data)
+    except stack.StackConfigError as exc:
+        if not any(p.key == exc.key for p in c.problems):  # gpu_model etc. are checked above too
+            c.problem(exc.key, exc.message, data_source(c.host, exc.key))
+        return None
+
+
 def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettings | None, list[Problem]]:
     """Settings for one pyinfra host, and every problem found (settings None when any)."""
     c = _Checker(host)
@@ -546,17 +557,18 @@ def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettin
     engine = _engine(c, recipe)
     level = _host_level(c)
     deployments = _deployments(c, model["model_repo"])
+    gpu_stack = _gpu_stack(c)
     settings = None
     problems = list(c.problems)
     renderable = (
-        hw is not None and recipe is not None and deployments is not None
+        hw is not None and recipe is not None and deployments is not None and gpu_stack is not None
         and None not in (model["model_repo"], model["model_source"], engine["engine"],
                          engine["engine_package"], engine["torch_backend"])
     )
     if renderable:  # recipe-level checks too, so one run reports everything
         settings = HostSettings(
             host=host.name, groups=tuple(host.groups), hardware=hw, recipe=recipe,
-            recipe_explicit=explicit, deployments=deployments,
+            recipe_explicit=explicit, deployments=deployments, stack=gpu_stack,
             sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings),
             **model, **engine, **level,
         )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyinfra.api.exceptions import PyinfraError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -19,8 +21,10 @@ class Problem:
         return f"{self.host}: {self.key} (from {self.source}): {self.message}"
 
 
-class ConfigError(Exception):
-    """Invalid inventory or group data. ``.problems`` lists each one; ``str()`` all of them."""
+class ConfigError(PyinfraError):
+    """Invalid inventory or group data. ``.problems`` lists each one; ``str()`` all of them.
+
+    A PyinfraError, so the pyinfra command prints it as an error message, not a traceback."""
 
     def __init__(self, problems: list[Problem]):
         self.problems = list(problems)

@@ -21,15 +21,17 @@ class GpuModel:
     # SM100 MSA backend". vLLM's own recipe file shows NVFP4 on MI355X, but for a nightly image:
     # 0.33.0 refuses it there (see docs/recipes.md). Hopper has no FP4 units at all.
     nvfp4_kv_cache: bool
+    # NVLink generation of the model's NVSwitch systems: 5 (NVLink 5) also needs nvlsm
+    nvlink_gen: int = 0
 
 
 GPU_MODELS: dict[str, GpuModel] = {
     m.name: m
     for m in (
-        GpuModel("H100", "nvidia", "hopper", nvfp4_kv_cache=False),
-        GpuModel("H200", "nvidia", "hopper", nvfp4_kv_cache=False),
-        GpuModel("B200", "nvidia", "blackwell", nvfp4_kv_cache=True),
-        GpuModel("GB200", "nvidia", "blackwell", nvfp4_kv_cache=True),
+        GpuModel("H100", "nvidia", "hopper", nvfp4_kv_cache=False, nvlink_gen=4),
+        GpuModel("H200", "nvidia", "hopper", nvfp4_kv_cache=False, nvlink_gen=4),
+        GpuModel("B200", "nvidia", "blackwell", nvfp4_kv_cache=True, nvlink_gen=5),
+        GpuModel("GB200", "nvidia", "blackwell", nvfp4_kv_cache=True, nvlink_gen=5),
         GpuModel("MI355X", "amd", "cdna4", nvfp4_kv_cache=False),
         GpuModel("MI350X", "amd", "cdna4", nvfp4_kv_cache=False),
         GpuModel("cpu", "cpu", "cpu", nvfp4_kv_cache=False),

@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuserve.hardware import GPU_MODELS
+
 
 class StackError(Exception):
     """The GPU stack cannot be converged as configured on this host."""
@@ -59,26 +61,6 @@ DEFAULTS: dict[str, object] = {
 }
 
 
-@dataclass(frozen=True)
-class GpuModel:
-    vendor: str          # nvidia | amd
-    family: str          # hopper, blackwell / the gfx target
-    nvlink_gen: int = 0  # NVLink generation of the model's NVSwitch systems (5 needs nvlsm)
-
-
-GPU_MODELS: dict[str, GpuModel] = {
-    "H100": GpuModel("nvidia", "hopper", 4),
-    "H200": GpuModel("nvidia", "hopper", 4),
-    "B200": GpuModel("nvidia", "blackwell", 5),
-    "GB200": GpuModel("nvidia", "blackwell", 5),
-    "B300": GpuModel("nvidia", "blackwell", 5),
-    "GB300": GpuModel("nvidia", "blackwell", 5),
-    "MI300X": GpuModel("amd", "gfx942"),
-    "MI325X": GpuModel("amd", "gfx942"),
-    "MI350X": GpuModel("amd", "gfx950"),
-    "MI355X": GpuModel("amd", "gfx950"),
-}
-
 FLAVOURS = ("open", "proprietary")
 # oldest driver branch each CUDA major runs on
 CUDA_MIN_BRANCH = {12: 525, 13: 580}
@@ -113,7 +95,9 @@ class StackSettings:
 
     @property
     def vendor(self) -> str | None:
-        return GPU_MODELS[self.gpu_model].vendor if self.gpu_model else None
+        """nvidia | amd; None for hosts without GPUs (gpu_model unset or "cpu")."""
+        vendor = GPU_MODELS[self.gpu_model].vendor if self.gpu_model else None
+        return None if vendor == "cpu" else vendor
 
     @property
     def branch(self) -> int:
@@ -161,7 +145,7 @@ def settings_from(data: Mapping) -> StackSettings:
     model = data.get("gpu_model", DEFAULTS["gpu_model"])
     if model is not None and model not in GPU_MODELS:
         raise StackConfigError("gpu_model", f"unknown GPU model {model!r}; known: {', '.join(GPU_MODELS)}")
-    count = _int(data, "gpu_count", 1 if model else 0, 16)
+    count = _int(data, "gpu_count", 1 if model not in (None, "cpu") else 0, 16)
     nvswitch = _bool(data, "nvswitch")
     if nvswitch and model and GPU_MODELS[model].vendor != "nvidia":
         raise StackConfigError("nvswitch", f"{model} hosts have no NVSwitches; set nvswitch: False")
@@ -178,7 +162,7 @@ def settings_from(data: Mapping) -> StackSettings:
     flavour = data.get("nvidia_driver_flavour", DEFAULTS["nvidia_driver_flavour"])
     if flavour not in FLAVOURS:
         raise StackConfigError("nvidia_driver_flavour", f"must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
-    if flavour == "proprietary" and model and GPU_MODELS[model].family == "blackwell":
+    if flavour == "proprietary" and model and GPU_MODELS[model].arch == "blackwell":
         raise StackConfigError("nvidia_driver_flavour",
                                f"{model} (Blackwell) needs the open kernel modules: use 'open'")
 

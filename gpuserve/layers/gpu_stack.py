@@ -18,16 +18,9 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import layout, stack
 from gpuserve.layers import gpu_ops
+from gpuserve.layers.context import host_settings
 
 DOWNLOADS = "/var/cache/gpuserve"
-
-
-def settings_for_host() -> stack.StackSettings:
-    """This host's validated settings; a bad key fails the plan with the host's name in it."""
-    try:
-        return stack.settings_from(host.data)
-    except stack.StackConfigError as exc:
-        raise stack.StackConfigError(exc.key, f"{exc.message} (host {host.name})") from None
 
 
 @deploy("GPU stack")
@@ -37,7 +30,7 @@ def gpu_stack() -> None:
     Nothing happens on hosts without a declared gpu_model (cpu hosts) or with gpu_stack: False
     (hosts whose drivers are managed elsewhere).
     """
-    settings = settings_for_host()
+    settings = host_settings().stack
     if not settings.enabled or settings.vendor is None:
         return
     try:
@@ -47,8 +40,6 @@ def gpu_stack() -> None:
             _nvidia(settings, os, arch)
         else:
             _amd(settings, os, arch)
-    except stack.StackConfigError:
-        raise
     except stack.StackError as exc:   # the host itself (OS, architecture) does not fit
         raise stack.StackError(f"{host.name}: {exc}") from None
 

@@ -1,0 +1,22 @@
+"""The validated settings of the host a deploy is running for.
+
+The whole inventory is validated once per pyinfra run, when the first host asks, before any
+operation is added: one bad value anywhere fails the run with every problem listed (host,
+source, key), and no host is touched.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.context import ctx_state
+
+from gpuserve.config import HostSettings, validate_inventory
+
+
+def host_settings() -> HostSettings:
+    state = ctx_state.get()
+    validated = getattr(state, "_gpuserve_settings", None)
+    if validated is None:
+        validated = validate_inventory(state.inventory)  # raises ConfigError listing everything
+        state._gpuserve_settings = validated
+    return validated[host.name]
