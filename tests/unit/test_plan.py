@@ -140,7 +140,7 @@ def test_sandbox_shaped_inventory(in_repo):
     assert "argv: vllm serve /srv/nvme/gpuserve/models/gpuserve-test--tiny-chat/" in block
     assert "--served-model-name tiny-chat" in block and "--max-model-len 2048" in block
     assert "block-size" not in block
-    assert "env:  VLLM_CPU_KVCACHE_SPACE=1" in block and "CUDA_VISIBLE_DEVICES" not in block
+    assert "env:  VLLM_ENABLE_V1_MULTIPROCESSING=0" in block and "CUDA_VISIBLE_DEVICES" not in block
 
 
 def test_invalid_inventory_lists_every_problem_and_fails(in_repo):
