@@ -61,6 +61,13 @@ HOST_DEFAULTS: dict[str, Any] = {
     "weights_free_margin_gib": 50,
     "reboot": "never",
     "max_unavailable": 1,
+    # service layer and rollouts (docs/configuration.md, "Service, proxy and rollouts")
+    "keep_releases": 1,  # previous releases kept besides current (their envs and checkpoints too)
+    "drain_s": 5,  # seconds a host is out of the proxy before its engine stops
+    "proxy": False,  # nginx with TLS and API keys in front of every deployment
+    "proxy_bind": "0.0.0.0",
+    "proxy_tls_cert_file": None,  # control-node paths; None: a self-signed pair made on the host
+    "proxy_tls_key_file": None,
 }
 # Deployment-level keys: set at top level (all deployments) or in a ``deployments`` entry.
 DEPLOYMENT_DEFAULTS: dict[str, Any] = {
@@ -73,6 +80,9 @@ DEPLOYMENT_DEFAULTS: dict[str, Any] = {
     "serve_flags": {},
     "serve_env": {},
     "api_keys_file": None,
+    "shutdown_timeout_s": 60,  # in-flight requests finish within it when the engine stops
+    "ready_timeout_s": 3600,  # a 428B model takes long to load: the start and gate bound
+    "proxy_port": 8443,  # the TLS port of this deployment's proxy (when proxy is on)
 }
 # The GPU stack layer's keys are validated by gpuserve.stack (docs/gpu-stack.md)
 KEYS = set(HOST_DEFAULTS) | set(DEPLOYMENT_DEFAULTS) | set(stack.DEFAULTS)
@@ -125,6 +135,9 @@ class DeploymentSettings:
     serve_flags: Mapping[str, Any]  # as given (flag names normalized by the recipe layer)
     serve_env: Mapping[str, str]
     api_keys_file: str | None  # a path on the control node
+    shutdown_timeout_s: int
+    ready_timeout_s: int
+    proxy_port: int
     origins: Mapping[str, tuple[str, str]]  # key -> (key path, source)
 
     @property
@@ -159,6 +172,12 @@ class HostSettings:
     weights_free_margin_gib: float
     reboot: str
     max_unavailable: int
+    keep_releases: int
+    drain_s: int
+    proxy: bool
+    proxy_bind: str
+    proxy_tls_cert_file: str | None
+    proxy_tls_key_file: str | None
     deployments: tuple[DeploymentSettings, ...]
     stack: stack.StackSettings  # the GPU stack layer's settings
     sources: Mapping[str, str]  # top-level key -> where its value came from
@@ -350,8 +369,23 @@ def _host_level(c: _Checker) -> dict[str, Any]:
         c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= 0 (GiB)")
     reboot = c.one_of("reboot", REBOOT)
     unavailable = c.integer("max_unavailable", 1)
+    keep = c.integer("keep_releases", 1, maximum=20)
+    drain = c.integer("drain_s", 0, maximum=3600)
+    proxy = c.get("proxy")
+    if not isinstance(proxy, bool):
+        c.problem("proxy", f"{proxy!r} is not allowed; use True or False")
+    bind = c.get("proxy_bind")
+    if not (isinstance(bind, str) and _is_host(bind)):
+        c.problem("proxy_bind", f"{bind!r} is not an IP address or host name")
+    tls = {k: c.get(k) for k in ("proxy_tls_cert_file", "proxy_tls_key_file")}
+    for key, value in tls.items():
+        if value is not None and not (isinstance(value, str) and Path(value).is_file()):
+            c.problem(key, f"{value!r} is not a file on this control node")
+    if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
+        c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
     return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
-                max_unavailable=unavailable)
+                max_unavailable=unavailable, keep_releases=keep, drain_s=drain, proxy=proxy,
+                proxy_bind=bind, **tls)
 
 
 def _scan_values(c: _Checker, value: Any, path: str, src: str) -> None:
@@ -408,6 +442,9 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         bad("reasoning_effort", f"{effort!r} is not allowed; use one of "
             f"{', '.join(recipes.REASONING_EFFORTS)} (thinking cannot be turned off)")
     _int_key(c, values, origins, "max_model_len", 1, None, optional=True)
+    _int_key(c, values, origins, "shutdown_timeout_s", 0, 3600, optional=False)
+    _int_key(c, values, origins, "ready_timeout_s", 10, 6 * 3600, optional=False)
+    _int_key(c, values, origins, "proxy_port", 1, 65535, optional=False)
     _int_key(c, values, origins, "max_num_seqs", 1, None, optional=True)
     flags = values["serve_flags"]
     if not isinstance(flags, Mapping) or not all(isinstance(k, str) for k in flags):
@@ -446,7 +483,9 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         reasoning_effort=effort, max_model_len=values["max_model_len"],
         max_num_seqs=values["max_num_seqs"], serve_flags=MappingProxyType(dict(flags)),
         serve_env=MappingProxyType({k: str(v) for k, v in env.items()}),
-        api_keys_file=keys_file, origins=MappingProxyType(origins),
+        api_keys_file=keys_file, shutdown_timeout_s=values["shutdown_timeout_s"],
+        ready_timeout_s=values["ready_timeout_s"], proxy_port=values["proxy_port"],
+        origins=MappingProxyType(origins),
     )
 
 
@@ -558,6 +597,12 @@ def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettin
     level = _host_level(c)
     deployments = _deployments(c, model["model_repo"])
     gpu_stack = _gpu_stack(c)
+    if level.get("proxy") is True:
+        for dep in deployments or ():
+            if dep.api_keys_file is None:
+                c.problem(f"deployments.{dep.name}.api_keys_file", "the proxy (proxy: True) lets no "
+                          "client in without keys: name a file of keys on the control node",
+                          dep.origin("api_keys_file")[1])
     settings = None
     problems = list(c.problems)
     renderable = (

@@ -320,6 +320,7 @@ DEPLOYMENT_FLAGS = {
         "max_model_len": "max-model-len",
         "max_num_seqs": "max-num-seqs",
         "reasoning_effort": "default-chat-template-kwargs",
+        "shutdown_timeout_s": "shutdown-timeout",
     },
     "sglang": {
         "serve_host": "host",
@@ -492,6 +493,8 @@ class _Render:
         for key in ("max_model_len", "max_num_seqs", "reasoning_effort"):
             if values[key] is not None:
                 self.set(names[key], values[key], d.origin(key))
+        if "shutdown_timeout_s" in names:  # drain on SIGTERM (SGLang has no such flag)
+            self.set(names["shutdown_timeout_s"], d.shutdown_timeout_s, d.origin("shutdown_timeout_s"))
 
     def _serve_flags(self) -> None:
         d, engine = self.d, self.engine

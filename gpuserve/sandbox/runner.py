@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-_TOTAL = re.compile(r"^\s*Grand total\s+(\d+)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", re.M)
+_TOTAL = re.compile(r"^\s*Grand total\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", re.M)
 
 
 @dataclass

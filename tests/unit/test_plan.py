@@ -49,8 +49,9 @@ def test_profile_argv_is_one_pasteable_line():
                                "--reasoning-parser minimax_m3 --block-size 128 ")
     argv = shlex.split(lines[0])
     assert argv[argv.index("--attention-config") + 1] == '{"indexer_kv_dtype":"fp8"}'
-    assert argv[-8:] == ["--host", "127.0.0.1", "--port", "8000", "--served-model-name",
-                         "minimax-m3.1-flash", "--generation-config", "vllm"]
+    assert argv[-10:] == ["--host", "127.0.0.1", "--port", "8000", "--served-model-name",
+                          "minimax-m3.1-flash", "--generation-config", "vllm",
+                          "--shutdown-timeout", "60"]
 
 
 def test_profile_with_data_overrides():

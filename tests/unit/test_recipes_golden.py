@@ -14,7 +14,8 @@ from .helpers import FIXTURES, REPO, SHA, make_inventory, settings_of
 
 SEED_FILE = REPO.parent / "shared" / "seeds" / "001_3bf6b220e02df8c2.txt"
 DEPLOYMENT_FLAGS = ["--host", "127.0.0.1", "--port", "8000",
-                    "--served-model-name", "minimax-m3.1-flash", "--generation-config", "vllm"]
+                    "--served-model-name", "minimax-m3.1-flash", "--generation-config", "vllm",
+                    "--shutdown-timeout", "60"]
 
 
 def read_seed(name: str) -> tuple[dict[str, str], list[str]]:

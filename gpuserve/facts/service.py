@@ -1,0 +1,68 @@
+"""What a deployment looks like on a host: its releases, pointers, unit state and health."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+
+from gpuserve import layout
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    releases: tuple[str, ...]        # release ids, oldest first (by directory mtime)
+    current: str | None
+    previous: str | None
+    active_state: str                # systemd ActiveState: active, activating, failed, inactive, ""
+    enabled: bool
+    health: int                      # HTTP status of the engine's /health, 0 when unreachable
+
+    @property
+    def serving(self) -> bool:
+        return self.active_state == "active" and self.health == 200
+
+
+def parse_deployment_state(lines: list[str]) -> DeploymentState:
+    releases: list[tuple[int, str]] = []
+    values: dict[str, str] = {}
+    for line in lines:
+        if line.startswith("release "):
+            _, mtime, rid = line.split(" ", 2)
+            releases.append((int(mtime), rid))
+        else:
+            key, _, value = line.partition(":")
+            values[key.strip()] = value.strip()
+
+    def release_id(link: str) -> str | None:
+        return link.rstrip("/").rsplit("/", 1)[-1] or None
+
+    health = values.get("health", "")
+    return DeploymentState(
+        releases=tuple(rid for _, rid in sorted(releases)),
+        current=release_id(values.get("current", "")),
+        previous=release_id(values.get("previous", "")),
+        active_state=values.get("active", ""),
+        enabled=values.get("enabled") == "enabled",
+        health=int(health) if health.isdigit() else 0,
+    )
+
+
+class Deployment(FactBase):
+    """One deployment's state on the host (gpuserve.layout), read with one command."""
+
+    def command(self, deployment: str, health_url: str) -> str:
+        d = layout.deployment_dir(deployment)
+        unit = layout.unit_name(deployment)
+        return (
+            f'for r in {d}/releases/*/; do [ -f "$r/release.json" ] && '
+            f'echo "release $(stat -c %Y "$r") $(basename "$r")"; done 2>/dev/null; '
+            f'echo "current: $(readlink {d}/current 2>/dev/null)"; '
+            f'echo "previous: $(readlink {d}/previous 2>/dev/null)"; '
+            f'echo "active: $(systemctl show -p ActiveState --value {unit} 2>/dev/null)"; '
+            f'echo "enabled: $(systemctl is-enabled {unit} 2>/dev/null)"; '
+            f'echo "health: $(curl -s -o /dev/null -w %{{http_code}} --max-time 3 {health_url} 2>/dev/null)"'
+        )
+
+    def process(self, output: list[str]) -> DeploymentState:
+        return parse_deployment_state(output)

@@ -1,0 +1,157 @@
+"""Service layer: each deployment's release files, its systemd unit, and a readiness gate.
+
+A converge (deploys/serve.py) installs the desired release beside the others. It points
+``current`` at it and starts the engine only when that costs no serving capacity: on a fresh
+host, or when the deployment is not serving anyway. A host that is serving another release keeps
+serving it: moving a serving fleet is ``deploys/upgrade.py``'s job (host by host, behind the proxy).
+The unit is restarted when the unit, the secrets or the pointer changed, or when the engine is
+down; nothing else restarts it.
+"""
+
+from __future__ import annotations
+
+import secrets as _secrets
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.facts.files import FindInFile
+from pyinfra.operations import apt, files, server, systemd
+
+from gpuserve import api_keys, layout, recipes, rollout
+from gpuserve.config import DeploymentSettings, HostSettings
+from gpuserve.facts.service import Deployment, DeploymentState
+from gpuserve.releases import Ledger
+from gpuserve.service import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
+                              secrets_env_path, tools_enabled)
+
+GATE_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-gate"
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+
+def unit_path(deployment: str) -> str:
+    return f"/etc/systemd/system/{layout.unit_name(deployment)}"
+
+
+def _secrets_content(settings: HostSettings, dep: DeploymentSettings, serve: recipes.ServeConfig) -> str | None:
+    """The engine's secrets env, or None when it must be generated on the host (behind the proxy)."""
+    if not serve.secret_env_keys:
+        return ""
+    if settings.proxy:
+        return None  # an internal key the proxy injects; clients use their own keys at the proxy
+    if dep.api_keys_file is None:
+        return ""
+    path = Path(dep.api_keys_file)
+    if not path.is_file():
+        raise OperationError(f"{host.name}: deployments.{dep.name}.api_keys_file {path} does not exist "
+                             "on this control node")
+    env = api_keys.secret_env(serve, path.parent if not path.is_absolute() else Path("/"))
+    return "".join(f"{k}={v}\n" for k, v in env.items())
+
+
+@deploy("Service")
+def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, start: bool = True) -> None:
+    """Install each deployment's release, unit and secrets; start and gate where that is safe.
+
+    ``start=False`` only stages (upgrade and rollback switch releases themselves, host by host).
+    """
+    apt.packages(name="curl for the readiness checks", packages=["curl"])
+    files.directory(name="gpuserve tools", path=f"{layout.OPT_DIR}/bin", user="root", group="root",
+                    mode="755")
+    files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
+    for dep in settings.deployments:
+        _deployment(settings, dep, releases[dep.name], start)
+
+
+def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: RenderedRelease,
+                start: bool) -> None:
+    name, rid = dep.name, rendered.id
+    serve = recipes.render(settings, dep)
+    state: DeploymentState = host.get_fact(
+        Deployment, deployment=name, health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+
+    rdir = layout.release_dir(name, rid)
+    files.directory(name=f"{name}: release {rid}", path=rdir, user="root",
+                    group=layout.SERVICE_GROUP, mode="750")
+    for fname, content in rendered.files.items():
+        files.put(name=f"{name}: release file {fname}", src=StringIO(content), dest=f"{rdir}/{fname}",
+                  user="root", group=layout.SERVICE_GROUP,
+                  mode="750" if fname in ("launch", "wait-ready") else "640")
+
+    secrets = _secrets_content(settings, dep, serve)
+    secrets_path = secrets_env_path(name)
+    if secrets is None:
+        # behind the proxy the engine gets a random key made on the host once, never sent anywhere
+        changed_secrets = not host.get_fact(FindInFile, path=secrets_path, pattern="^VLLM_API_KEY=.")
+        if changed_secrets:
+            key = _secrets.token_urlsafe(32)
+            files.put(name=f"{name}: internal engine key (0600)", src=StringIO(f"VLLM_API_KEY={key}\n"),
+                      dest=secrets_path, user="root", group="root", mode="600")
+    else:
+        op = files.put(name=f"{name}: engine secrets (0600)", src=StringIO(secrets), dest=secrets_path,
+                       user="root", group="root", mode="600")
+        changed_secrets = op.will_change
+
+    unit = files.template(
+        name=f"{name}: systemd unit", src=str(TEMPLATES / "gpuserve.service.j2"), dest=unit_path(name),
+        user="root", group="root", mode="644",
+        deployment=name, engine=serve.engine, deployment_dir=layout.deployment_dir(name),
+        current=layout.current_link(name), secrets_env=secrets_path,
+        user_name=layout.SERVICE_USER, group_name=layout.SERVICE_GROUP, home=layout.SERVICE_HOME,
+        cache=layout.cache_dir(settings.nvme_path, name),
+        start_timeout_s=dep.ready_timeout_s, stop_timeout_s=dep.shutdown_timeout_s + STOP_MARGIN_S,
+        devices=_devices(settings), supplementary_groups=_groups(settings), after=_after(settings),
+    )
+    systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
+    systemd.service(name=f"{name}: unit enabled at boot", service=layout.unit_name(name),
+                    running=None, enabled=True)
+
+    if not start:
+        return
+    ledger = Ledger(tuple(dict.fromkeys((*state.releases, rid))), state.current, state.previous)
+    switch = state.current != rid and not state.serving and state.active_state != "activating"
+    if state.current not in (None, rid) and not switch:
+        logger.info(f"    [{host.name}] {name}: release {rid} is staged beside the serving "
+                    f"{state.current}; roll it out with deploys/upgrade.py")
+    if switch:
+        after = ledger.after_switch(rid)
+        server.shell(name=f"{name}: current -> {after.current}"
+                          + (f", previous -> {after.previous}" if after.previous else ""),
+                     commands=rollout.pointer_commands(name, after.current, after.previous))
+    restart = (switch or unit.will_change or changed_secrets
+               or state.active_state in ("", "inactive", "failed")
+               or (state.active_state == "active" and state.health != 200))
+    if restart:
+        server.shell(name=f"{name}: (re)start the engine",
+                     commands=[f"systemctl stop {layout.unit_name(name)}",  # drains in-flight requests
+                               f"systemctl reset-failed {layout.unit_name(name)} 2>/dev/null || true",
+                               f"systemctl start --no-block {layout.unit_name(name)}"])
+    if restart or state.active_state == "activating":
+        server.shell(name=f"{name}: readiness gate (/health, /v1/models, chat"
+                          + (", tool call)" if tools_enabled(serve) else ")"),
+                     commands=[gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)])
+
+
+def _devices(settings: HostSettings) -> list[str]:
+    vendor = settings.hardware.vendor if settings.recipe != "cpu" else None
+    if vendor == "nvidia":
+        return ["char-nvidia-frontend", "char-nvidia-uvm", "char-nvidia-caps", "char-nvidia-nvswitch",
+                "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    if vendor == "amd":
+        return ["/dev/kfd", "char-drm"]
+    return []
+
+
+def _groups(settings: HostSettings) -> list[str]:
+    return ["render", "video"] if settings.recipe != "cpu" and settings.hardware.vendor == "amd" else []
+
+
+def _after(settings: HostSettings) -> list[str]:
+    if settings.recipe == "cpu" or settings.hardware.vendor != "nvidia":
+        return []
+    units = ["nvidia-persistenced.service"]
+    if settings.hardware.nvswitch:
+        units.append("nvidia-fabricmanager.service")
+    return units
