@@ -1,0 +1,169 @@
+"""Run a rollout (upgrade or rollback) over the hosts of this pyinfra run, batch by batch.
+
+pyinfra's own ``--serial`` visits hosts in no fixed order and does not stop a rollout reliably
+(pyinfra issue 1195), so the batches are driven here: one operation, run once, that moves the
+hosts in inventory order, ``max_unavailable`` at a time, and stops at the first failed gate.
+The plan is computed before anything runs, so ``--dry`` prints it and changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+from pyinfra import logger
+from pyinfra.api import StringCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.context import ctx_state
+from pyinfra.operations import python
+
+from gpuserve import recipes, rollout
+from gpuserve.config import HostSettings
+from gpuserve.layers.context import all_settings
+from gpuserve.facts.service import Deployment, DeploymentState
+from gpuserve.rollout import Move
+from gpuserve.service import gate_command, probe_url, tools_enabled
+
+
+def fleet_state() -> dict[str, dict[str, DeploymentState]]:
+    """Every active host's deployments as they are now (facts, read once per run)."""
+    state = ctx_state.get()
+    cached = getattr(state, "_gpuserve_fleet_state", None)
+    if cached is None:
+        settings = all_settings()
+        cached = {}
+        for h in _hosts_in_order(state):
+            cached[h.name] = {
+                d.name: h.get_fact(Deployment, deployment=d.name,
+                                   health_url=probe_url(d.serve_host, d.serve_port, "/health"))
+                for d in settings[h.name].deployments
+            }
+        state._gpuserve_fleet_state = cached
+    return cached
+
+
+def _hosts_in_order(state) -> list:
+    return [h for h in state.inventory if h in state.active_hosts]
+
+
+def add_rollout(kind: str, moves: list[Move], settings: dict[str, HostSettings]) -> None:
+    """Add the rollout operation (once for the whole run) when any host has to move."""
+    state = ctx_state.get()
+    order = [h.name for h in _hosts_in_order(state)]
+    max_unavailable = min((settings[n].max_unavailable for n in order), default=1)
+    plan = rollout.batches(moves, order, max_unavailable)
+    if not getattr(state, "_gpuserve_plan_logged", False):
+        state._gpuserve_plan_logged = True
+        if not plan:
+            logger.info(f"--> {kind}: every host already serves its target release; nothing to do")
+        for i, batch in enumerate(plan, 1):
+            for move in batch:
+                logger.info(f"--> {kind} plan, batch {i}/{len(plan)}: {move}")
+    if plan:
+        python.call(name=f"Rolling {kind}: {len(plan)} batch(es) of up to {max_unavailable} host(s)",
+                    function=_roll, kind=kind, plan=plan, settings=settings, _run_once=True)
+
+
+class _MoveFailed(Exception):
+    pass
+
+
+def _roll(state, host, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings]) -> bool:
+    """The rollout operation. Returns False (the run fails) with the reason logged, not raised:
+    pyinfra would print a Python traceback around a plain message."""
+    try:
+        _roll_batches(state, kind, plan, settings)
+    except OperationError as exc:
+        logger.error(f"--> {exc}")
+        return False
+    return True
+
+
+def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings]) -> None:
+    failed = sorted(h.name for h in state.failed_hosts)
+    if failed:
+        raise OperationError(f"{kind} not started: preparing failed on {', '.join(failed)}; "
+                             "no host was switched")
+    hosts = {h.name: h for h in state.inventory}
+    for i, batch in enumerate(plan, 1):
+        by_host: dict[str, list[Move]] = {}
+        for move in batch:
+            by_host.setdefault(move.host, []).append(move)
+        logger.info(f"--> {kind} batch {i}/{len(plan)}: {', '.join(by_host)}")
+        jobs = [gevent.spawn(_move_host_reporting, hosts[name], moves, settings[name])
+                for name, moves in by_host.items()]
+        gevent.joinall(jobs)
+        errors = [job.value for job in jobs if job.value]
+        if errors:
+            untouched = sorted({m.host for later in plan[i:] for m in later})
+            raise OperationError(
+                f"{kind} halted in batch {i}/{len(plan)}: " + "; ".join(errors)
+                + (f". Not reached, still on their release: {', '.join(untouched)}" if untouched else ""))
+
+
+def _run(h, command: str) -> str:
+    ok, output = h.run_shell_command(StringCommand(command), _sudo=bool(h.data.get("_sudo")))
+    if not ok:
+        raise _MoveFailed(f"{h.name}: `{command}` failed: {output.output[-600:]}")
+    return output.stdout
+
+
+def _gate(h, s: HostSettings, dep_name: str) -> tuple[bool, str]:
+    dep = s.deployment(dep_name)
+    serve = recipes.render(s, dep)
+    ok, output = h.run_shell_command(
+        StringCommand(gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)),
+        _sudo=bool(h.data.get("_sudo")), _timeout=dep.ready_timeout_s + 900)
+    return ok, (output.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def _switch(h, move: Move, current: str, previous: str | None) -> None:
+    _run(h, rollout.stop(move.deployment))
+    _run(h, " && ".join(rollout.pointer_commands(move.deployment, current, previous)))
+    _run(h, rollout.start(move.deployment))
+
+
+def _move_host_reporting(h, moves: list[Move], s: HostSettings) -> str | None:
+    """_move_host in a greenlet: the reason it failed, or None."""
+    try:
+        _move_host(h, moves, s)
+    except _MoveFailed as exc:
+        return str(exc)
+    return None
+
+
+def _move_host(h, moves: list[Move], s: HostSettings) -> None:
+    """Move every deployment of one host; on a failed gate, back to what it served, then raise."""
+    if s.proxy:
+        for move in moves:
+            _run(h, rollout.out_of_rotation(move.deployment))
+        logger.info(f"    [{h.name}] out of the proxy; waiting {s.drain_s} s for load balancers")
+        time.sleep(s.drain_s)
+    for move in moves:
+        before = _run(h, rollout.read_pointers(move.deployment)).split()
+        old_current = before[0].rsplit("/", 1)[-1] if before else None
+        old_previous = before[1].rsplit("/", 1)[-1] if len(before) > 1 else None
+        t0 = time.monotonic()
+        logger.info(f"    [{h.name}] {move}: stopping (drain), switching, starting")
+        _switch(h, move, move.to_release, move.previous)
+        ok, why = _gate(h, s, move.deployment)
+        if ok:
+            logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
+                        f"after {time.monotonic() - t0:.0f} s")
+            continue
+        logger.warning(f"    [{h.name}] {move.deployment} failed its gate on {move.to_release}: {why}")
+        if old_current is None:
+            raise _MoveFailed(f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
+                              "it served nothing before, so it stays down")
+        _switch(h, move, old_current, old_previous)
+        back, why_back = _gate(h, s, move.deployment)
+        if s.proxy and back:
+            _run(h, rollout.into_rotation(move.deployment))
+        raise _MoveFailed(
+            f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
+            + (f"rolled back to {old_current}, serving again" if back
+               else f"rolled back to {old_current} but it is not ready either ({why_back})"))
+    if s.proxy:
+        for move in moves:
+            _run(h, rollout.into_rotation(move.deployment))
+        logger.info(f"    [{h.name}] back in the proxy")
