@@ -6,6 +6,7 @@ import click
 
 from gpuserve.plan import plan
 from gpuserve.sandbox.cli import sandbox
+from gpuserve.status import status
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,3 +17,4 @@ def main() -> None:
 
 main.add_command(sandbox)
 main.add_command(plan)
+main.add_command(status)

@@ -1,0 +1,106 @@
+"""``gpuserve status inventories/<inv>.py``: per host and deployment, what runs and whether it answers.
+
+Reads only (pyinfra facts over SSH, the same connection settings as a deploy); changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import click
+from pyinfra.api import Config, FactBase, State
+from pyinfra.api.connect import connect_all, disconnect_all
+
+from gpuserve.config import ConfigError, validate_inventory
+from gpuserve.facts.gpus import Gpus
+from gpuserve.facts.service import Deployment
+from gpuserve.plan import _override_data, load_inventory
+from gpuserve.service import GATE, probe_url, secrets_env_path
+
+
+class EngineStatus(FactBase):
+    """/health and the served model ids of one deployment, asked on the host (the API key is read
+    there from the 0600 secrets file, never put in a command line)."""
+
+    def command(self, deployment: str, url: str) -> str:
+        return (f"test -x {GATE} && {GATE} --status --url {url} --model - "
+                f"--secrets {secrets_env_path(deployment)} || echo '{{}}'")
+
+    def process(self, output: list[str]) -> dict:
+        try:
+            return json.loads(output[-1])
+        except (ValueError, IndexError):
+            return {}
+
+
+@dataclass
+class Row:
+    host: str
+    deployment: str
+    release: str
+    previous: str
+    health: str
+    models: str
+    gpus: str
+
+
+def _gpus(report) -> str:
+    if report is None:
+        return "?"
+    if report.error:
+        return f"error: {report.error[:40]}"
+    profile = report.profile
+    if profile is None:
+        return "mixed"
+    if profile.gpu_count == 0:
+        return "none"
+    return f"{profile.gpu_count}x {profile.gpu_model}" + (
+        f" ({profile.driver_version})" if profile.driver_version else "")
+
+
+def collect(inventory) -> list[Row]:
+    settings = validate_inventory(inventory, require_revision=False)
+    state = State(inventory, Config(CONNECT_TIMEOUT=10))
+    rows: list[Row] = []
+    try:
+        connect_all(state)
+        for host in inventory:
+            if host not in state.active_hosts:
+                rows.append(Row(host.name, "-", "-", "-", "unreachable", "-", "-"))
+                continue
+            gpus = _gpus(host.get_fact(Gpus))
+            for dep in settings[host.name].deployments:
+                url = probe_url(dep.serve_host, dep.serve_port, "")
+                st = host.get_fact(Deployment, deployment=dep.name, health_url=f"{url}/health")
+                engine = host.get_fact(EngineStatus, deployment=dep.name, url=url)
+                health = st.active_state or "not installed"
+                if st.active_state:
+                    health += f", /health {st.health or 'no answer'}"
+                rows.append(Row(host.name, dep.name, st.current or "-", st.previous or "-", health,
+                                ",".join(engine.get("models") or []) or "-", gpus))
+    finally:
+        disconnect_all(state)
+    return rows
+
+
+def render_table(rows: list[Row]) -> str:
+    header = Row("HOST", "DEPLOYMENT", "RELEASE", "PREVIOUS", "HEALTH", "SERVED MODEL", "GPUS")
+    table = [header, *rows]
+    fields = list(Row.__dataclass_fields__)
+    widths = {f: max(len(getattr(r, f)) for r in table) for f in fields}
+    return "\n".join("  ".join(getattr(r, f).ljust(widths[f]) for f in fields).rstrip() for r in table)
+
+
+@click.command()
+@click.argument("inventory")
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="Override data, as for pyinfra.")
+def status(inventory: str, data: tuple[str, ...]) -> None:
+    """Per host and deployment: current and previous release, health, served model, GPUs."""
+    try:
+        rows = collect(load_inventory(inventory, _override_data(data)))
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(render_table(rows))
+    if any(r.health == "unreachable" or "/health 200" not in r.health for r in rows):
+        raise SystemExit(1)
