@@ -106,3 +106,22 @@ class Ledger:
         extra = max(0, keep_previous - (1 if self.previous else 0))
         kept_others = set(others[len(others) - extra:]) if extra else set()
         return [r for r in others if r not in kept_others]
+
+
+def unreferenced(collected: Iterable[Release], kept: Iterable[Release]) -> tuple[list[str], list[str]]:
+    """Engine envs and checkpoint dirs that collected releases used and no kept release uses.
+
+    Only paths a release names are ever returned: directories gpuserve knows nothing about
+    are never candidates for removal.
+    """
+    kept = list(kept)
+    keep_envs = {r.engine.get("env") for r in kept}
+    keep_ckpts = {r.checkpoint.get("path") for r in kept}
+    envs, ckpts = set(), set()
+    for r in collected:
+        env, ckpt = r.engine.get("env"), r.checkpoint.get("path")
+        if env and env not in keep_envs:
+            envs.add(env)
+        if ckpt and ckpt not in keep_ckpts:
+            ckpts.add(ckpt)
+    return sorted(envs), sorted(ckpts)

@@ -66,3 +66,37 @@ class Deployment(FactBase):
 
     def process(self, output: list[str]) -> DeploymentState:
         return parse_deployment_state(output)
+
+
+def parse_release_records(lines: list[str]) -> dict[str, "Release"]:
+    """``== <id>`` followed by that release's release.json; unreadable records are left out
+    (retention never removes what it cannot read)."""
+    from gpuserve.releases import Release
+
+    records: dict[str, Release] = {}
+    blocks: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if line.startswith("== "):
+            blocks.append((line[3:].strip(), []))
+        elif blocks:
+            blocks[-1][1].append(line)
+    for rid, body in blocks:
+        try:
+            release = Release.from_json("\n".join(body))
+        except (ValueError, TypeError, KeyError):
+            continue
+        if release.id == rid:
+            records[rid] = release
+    return records
+
+
+class ReleaseRecords(FactBase):
+    """Each release of a deployment on the host: its release.json, parsed and checked."""
+
+    def command(self, deployment: str) -> str:
+        d = layout.releases_dir(deployment)
+        return (f'for f in {d}/*/release.json; do [ -f "$f" ] && '
+                f'echo "== $(basename "$(dirname "$f")")" && cat "$f"; done 2>/dev/null; true')
+
+    def process(self, output: list[str]) -> dict:
+        return parse_release_records(output)

@@ -22,8 +22,8 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import api_keys, layout, recipes, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
-from gpuserve.facts.service import Deployment, DeploymentState
-from gpuserve.releases import Ledger
+from gpuserve.facts.service import Deployment, DeploymentState, ReleaseRecords
+from gpuserve.releases import Ledger, unreferenced
 from gpuserve.service import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
                               secrets_env_path, tools_enabled)
 
@@ -61,8 +61,9 @@ def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, sta
     files.directory(name="gpuserve tools", path=f"{layout.OPT_DIR}/bin", user="root", group="root",
                     mode="755")
     files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
-    for dep in settings.deployments:
-        _deployment(settings, dep, releases[dep.name], start)
+    pointers = {dep.name: _deployment(settings, dep, releases[dep.name], start)
+                for dep in settings.deployments}
+    _retention(settings, releases, pointers)
 
 
 def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: RenderedRelease,
@@ -109,14 +110,14 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
                     running=None, enabled=True)
 
     if not start:
-        return
+        return state.current, state.previous
     ledger = Ledger(tuple(dict.fromkeys((*state.releases, rid))), state.current, state.previous)
     switch = state.current != rid and not state.serving and state.active_state != "activating"
     if state.current not in (None, rid) and not switch:
         logger.info(f"    [{host.name}] {name}: release {rid} is staged beside the serving "
                     f"{state.current}; roll it out with deploys/upgrade.py")
+    after = ledger.after_switch(rid) if switch else ledger
     if switch:
-        after = ledger.after_switch(rid)
         server.shell(name=f"{name}: current -> {after.current}"
                           + (f", previous -> {after.previous}" if after.previous else ""),
                      commands=rollout.pointer_commands(name, after.current, after.previous))
@@ -132,6 +133,34 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
         server.shell(name=f"{name}: readiness gate (/health, /v1/models, chat"
                           + (", tool call)" if tools_enabled(serve) else ")"),
                      commands=[gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)])
+    return after.current, after.previous
+
+
+def _retention(settings: HostSettings, releases: dict[str, RenderedRelease],
+               pointers: dict[str, tuple[str | None, str | None]]) -> None:
+    """Keep current, previous and keep_releases - 1 more per deployment (and the release this run
+    wants); remove the rest with the engine envs and checkpoints no kept release uses."""
+    collected, kept = [], [r.release for r in releases.values()]
+    for dep in settings.deployments:
+        records = host.get_fact(ReleaseRecords, deployment=dep.name)
+        state = host.get_fact(Deployment, deployment=dep.name,
+                              health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+        current, previous = pointers[dep.name]
+        desired = releases[dep.name].id
+        ledger = Ledger(tuple(records), current, previous)
+        gone = [r for r in ledger.to_collect(settings.keep_releases, state.releases) if r != desired]
+        for rid in gone:
+            files.directory(name=f"{dep.name}: retention removes release {rid}",
+                            path=layout.release_dir(dep.name, rid), present=False)
+        collected += [records[r] for r in gone]
+        kept += [rec for rid, rec in records.items() if rid not in gone]
+    envs, checkpoints = unreferenced(collected, kept)
+    for path in envs:
+        if path.startswith(layout.ENVS_DIR + "/"):
+            files.directory(name=f"Retention removes engine env {path}", path=path, present=False)
+    for path in checkpoints:
+        if path.startswith(layout.models_dir(settings.nvme_path) + "/"):
+            files.directory(name=f"Retention removes checkpoint {path}", path=path, present=False)
 
 
 def _devices(settings: HostSettings) -> list[str]:

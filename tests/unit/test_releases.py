@@ -69,3 +69,17 @@ def test_retention_keeps_current_and_n_previous():
     # a fresh host with no previous keeps the newest other as its rollback copy when N >= 1
     fresh = Ledger(("r1", "r2", "r3"), current="r3", previous=None)
     assert fresh.to_collect(1, ["r1", "r2", "r3"]) == ["r1"]
+
+
+def test_unreferenced_envs_and_checkpoints():
+    from gpuserve.releases import unreferenced
+
+    def rel(env, sha):
+        return Release("minimax", {"name": "vllm", "version": "1", "env": env},
+                       {"repo": "o/m", "sha": sha, "path": f"/n/{sha}"}, "c")
+
+    old, mid, new = rel("/e/1", SHA_A), rel("/e/2", SHA_A), rel("/e/2", SHA_B)
+    # the old release's env goes; its checkpoint stays because a kept release still serves it
+    assert unreferenced([old], [mid, new]) == (["/e/1"], [])
+    assert unreferenced([old, mid], [new]) == (["/e/1"], [f"/n/{SHA_A}"])
+    assert unreferenced([], [new]) == ([], [])

@@ -83,3 +83,15 @@ def test_deployment_state_parser():
     assert fresh.current is None and fresh.releases == () and fresh.health == 0 and not fresh.serving
     starting = parse_deployment_state(["active: activating", "health: 000"])
     assert starting.active_state == "activating" and not starting.serving
+
+
+def test_release_records_parser_skips_what_it_cannot_trust():
+    from gpuserve.facts.service import parse_release_records
+
+    good = render()
+    other = render(serve_port=8001)
+    lines = [f"== {good.id}", *good.files["release.json"].splitlines(),
+             f"== {other.id}", *other.files["release.json"].replace(SHA, "d" * 40).splitlines(),
+             "== vllm-broken", "{not json"]
+    records = parse_release_records(lines)
+    assert list(records) == [good.id]      # tampered content and unreadable JSON are left out
