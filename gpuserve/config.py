@@ -22,6 +22,7 @@ from gpuserve import layout, recipes, stack
 from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
+from gpuserve.releases import RELEASE_ID
 
 if TYPE_CHECKING:
     from pyinfra.api import Host, Inventory
@@ -69,6 +70,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "proxy_bind": "0.0.0.0",
     "proxy_tls_cert_file": None,  # control-node paths; None: a self-signed pair made on the host
     "proxy_tls_key_file": None,
+    "rollback_to": None,  # deploys/rollback.py: a release id instead of each host's previous
     # how the engine venv is built (gpuserve.engine, gpuserve.layers.engine)
     "uv_version": UV_VERSION,
     "python_downloads": "automatic",  # never: the system's python3.X (no downloads)
@@ -184,6 +186,7 @@ class HostSettings:
     proxy_bind: str
     proxy_tls_cert_file: str | None
     proxy_tls_key_file: str | None
+    rollback_to: str | None
     deployments: tuple[DeploymentSettings, ...]
     stack: stack.StackSettings  # the GPU stack layer's settings
     sources: Mapping[str, str]  # top-level key -> where its value came from
@@ -421,9 +424,13 @@ def _host_level(c: _Checker) -> dict[str, Any]:
             c.problem(key, f"{value!r} is not a file on this control node")
     if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
         c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
+    rollback_to = c.get("rollback_to")
+    if rollback_to is not None and not (isinstance(rollback_to, str) and RELEASE_ID.match(rollback_to)):
+        c.problem("rollback_to", f"{rollback_to!r} is not a release id (like "
+                  "vllm-0.33.0-0123abcd-0123456789; see gpuserve status)")
     return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, proxy=proxy,
-                proxy_bind=bind, **tls)
+                proxy_bind=bind, rollback_to=rollback_to, **tls)
 
 
 def _scan_values(c: _Checker, value: Any, path: str, src: str) -> None:

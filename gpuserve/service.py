@@ -153,28 +153,28 @@ def release_env(serve_env: Mapping[str, str], *, cache: str) -> dict[str, str]:
     }
 
 
-def desired_release(settings, dep, *, engine: Mapping[str, str], launch_argv: Sequence[str]) -> RenderedRelease:
-    """The release a deployment should run, from validated settings and the engine layer's env.
+def desired_releases(settings, spec) -> dict[str, RenderedRelease]:
+    """The release each deployment of a host should run: gpuserve.config HostSettings plus the
+    engine layer's EngineSpec (gpuserve.engine) for its venv and launch command."""
+    from gpuserve import engine, recipes
 
-    ``settings``/``dep`` are gpuserve.config HostSettings/DeploymentSettings; ``launch_argv``
-    names the config as ``f"{RELEASE_DIR}/serve.yaml"``.
-    """
-    from gpuserve import recipes
-
-    serve = recipes.render(settings, dep)
+    model_dir = settings.checkpoint_dir
     stack = settings.stack
     gpu_stack = ({} if settings.recipe == "cpu" or stack.vendor is None else
                  {"vendor": stack.vendor,
                   "version": stack.driver_version if stack.vendor == "nvidia" else stack.rocm_version})
-    return render_release(
-        deployment=dep.name,
-        serve_config=serve.config,
-        env=release_env(serve.env, cache=layout.cache_dir(settings.nvme_path, dep.name)),
-        launch_argv=launch_argv,
-        serve_host=dep.serve_host,
-        serve_port=dep.serve_port,
-        engine=engine,
-        checkpoint={"repo": settings.model_repo, "sha": settings.model_revision,
-                    "path": settings.checkpoint_dir},
-        gpu_stack=gpu_stack,
-    )
+    out = {}
+    for dep in settings.deployments:
+        serve = recipes.render(settings, dep)
+        out[dep.name] = render_release(
+            deployment=dep.name,
+            serve_config={**serve.config, **engine.config_additions(spec, model_dir)},
+            env=release_env(serve.env, cache=layout.cache_dir(settings.nvme_path, dep.name)),
+            launch_argv=engine.launch_argv(spec, model_dir, f"{RELEASE_DIR}/serve.yaml"),
+            serve_host=dep.serve_host,
+            serve_port=dep.serve_port,
+            engine={**spec.record(), "name": spec.engine, "env": spec.env_dir},
+            checkpoint={"repo": settings.model_repo, "sha": settings.model_revision, "path": model_dir},
+            gpu_stack=gpu_stack,
+        )
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import gevent
-from pyinfra import logger
+from pyinfra import host, logger
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
@@ -25,52 +25,43 @@ from gpuserve.rollout import Move
 from gpuserve.service import gate_command, probe_url, tools_enabled
 
 
-def fleet_state() -> dict[str, dict[str, DeploymentState]]:
-    """Every active host's deployments as they are now (facts, read once per run)."""
-    state = ctx_state.get()
-    cached = getattr(state, "_gpuserve_fleet_state", None)
-    if cached is None:
-        settings = all_settings()
-        cached = {}
-        for h in _hosts_in_order(state):
-            cached[h.name] = {
-                d.name: h.get_fact(Deployment, deployment=d.name,
-                                   health_url=probe_url(d.serve_host, d.serve_port, "/health"))
-                for d in settings[h.name].deployments
-            }
-        state._gpuserve_fleet_state = cached
-    return cached
-
-
 def _hosts_in_order(state) -> list:
     return [h for h in state.inventory if h in state.active_hosts]
 
 
-def add_rollout(kind: str, moves: list[Move], settings: dict[str, HostSettings]) -> None:
-    """Add the rollout operation (once for the whole run) when any host has to move."""
+def deployment_state(settings: HostSettings, dep_name: str) -> DeploymentState:
+    dep = settings.deployment(dep_name)
+    return host.get_fact(Deployment, deployment=dep_name,
+                         health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+
+
+def add_rollout(kind: str, moves: list[Move]) -> None:
+    """Record this host's moves and add the rollout operation (one for the whole run; it runs
+    after every host's other operations and moves the hosts batch by batch)."""
     state = ctx_state.get()
-    order = [h.name for h in _hosts_in_order(state)]
-    max_unavailable = min((settings[n].max_unavailable for n in order), default=1)
-    plan = rollout.batches(moves, order, max_unavailable)
-    if not getattr(state, "_gpuserve_plan_logged", False):
-        state._gpuserve_plan_logged = True
-        if not plan:
-            logger.info(f"--> {kind}: every host already serves its target release; nothing to do")
-        for i, batch in enumerate(plan, 1):
-            for move in batch:
-                logger.info(f"--> {kind} plan, batch {i}/{len(plan)}: {move}")
-    if plan:
-        python.call(name=f"Rolling {kind}: {len(plan)} batch(es) of up to {max_unavailable} host(s)",
-                    function=_roll, kind=kind, plan=plan, settings=settings, _run_once=True)
+    planned = getattr(state, "_gpuserve_moves", None)
+    if planned is None:
+        planned = state._gpuserve_moves = {}
+    planned[host.name] = moves
+    for move in moves:
+        logger.info(f"    [{host.name}] {kind} plan: {move}")
+    if moves:
+        python.call(name=f"Rolling {kind}, in inventory order, max_unavailable hosts at a time",
+                    function=_roll, kind=kind, _run_once=True)
 
 
 class _MoveFailed(Exception):
     pass
 
 
-def _roll(state, host, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings]) -> bool:
+def _roll(state, host, kind: str) -> bool:
     """The rollout operation. Returns False (the run fails) with the reason logged, not raised:
     pyinfra would print a Python traceback around a plain message."""
+    settings = all_settings()
+    order = [h.name for h in _hosts_in_order(state)]
+    moves = [m for name in order for m in state._gpuserve_moves.get(name, [])]
+    max_unavailable = min((settings[n].max_unavailable for n in order), default=1)
+    plan = rollout.batches(moves, order, max_unavailable)
     try:
         _roll_batches(state, kind, plan, settings)
     except OperationError as exc:

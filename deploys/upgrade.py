@@ -1,0 +1,32 @@
+"""Rolling upgrade to the release pinned in group_data.
+
+    pyinfra inventories/prod.py deploys/upgrade.py
+
+Every host first gets the new release staged beside the one it serves (engine, weights, files);
+then hosts move max_unavailable at a time, in inventory order: out of the proxy, stop (drains),
+switch, start, readiness gate, back in. A failed gate puts that host back on its release and
+stops the rollout (exit non-zero); hosts not reached keep theirs. Running it again once every
+host serves the pinned release changes nothing.
+"""
+
+from gpuserve.layers.base import base_layout
+from gpuserve.layers.context import host_settings
+from gpuserve.layers.engine import engine
+from gpuserve.layers.proxy import proxy
+from gpuserve.layers.rollout import add_rollout, deployment_state
+from gpuserve.layers.service import service
+from gpuserve.rollout import upgrade_move
+from gpuserve.service import desired_releases
+
+settings = host_settings()
+
+base_layout(settings.nvme_path, [d.name for d in settings.deployments])
+spec = engine(settings)
+releases = desired_releases(settings, spec)
+service(settings, releases, start=False)
+proxy(settings)
+add_rollout("upgrade", [
+    move for dep in settings.deployments
+    if (move := upgrade_move(settings.host, dep.name, deployment_state(settings, dep.name).current,
+                             releases[dep.name].id))
+])
