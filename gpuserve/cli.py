@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpuserve.checkpoints import resolve_command
 from gpuserve.plan import plan
 from gpuserve.sandbox.cli import sandbox
 
@@ -16,3 +17,4 @@ def main() -> None:
 
 main.add_command(sandbox)
 main.add_command(plan)
+main.add_command(resolve_command)
