@@ -325,7 +325,7 @@ def plan_fetch(manifest: Manifest, have: Iterable[str], links: Mapping[str, str]
     for path, spec in sorted(manifest.files.items()):
         if path in have:
             continue
-        src = links.get(spec.sha256) if spec.sha256 else None
+        src = links.get(content_key(spec))
         if src is not None:
             link[path] = src
             continue
@@ -387,9 +387,14 @@ def partial_revisions(repo_dir: str) -> List[str]:
 
 
 def link_sources(repo_dir: str, exclude: str = "") -> Dict[str, str]:
-    """sha256 -> a file in another complete revision whose verification record still holds
-    (stat only, nothing is hashed). Only such files are hardlinked into a new revision."""
-    out: Dict[str, str] = {}
+    """Content key -> a file in another complete revision whose verification record still holds
+    (stat only, nothing is hashed). Only such files are hardlinked into a new revision. Keys are
+    the sha256, and ``git:<blob sha1>`` for files the hub knows only by their git id."""
+    return {k: v[0] for k, v in _link_sources(repo_dir, exclude).items()}
+
+
+def _link_sources(repo_dir: str, exclude: str) -> Dict[str, Tuple[str, str]]:
+    out: Dict[str, Tuple[str, str]] = {}
     for sha in complete_revisions(repo_dir):
         if sha == exclude:
             continue
@@ -402,11 +407,19 @@ def link_sources(repo_dir: str, exclude: str = "") -> Dict[str, str]:
         for path, rec in manifest.verified.items():
             full = os.path.join(repo_dir, sha, path)
             try:
-                if rec.fresh(os.lstat(full)):
-                    out.setdefault(rec.sha256, full)
+                if not rec.fresh(os.lstat(full)):
+                    continue
             except FileNotFoundError:
-                pass
+                continue
+            out.setdefault(rec.sha256, (full, rec.sha256))
+            git = manifest.files[path].git_sha1
+            if git:
+                out.setdefault(f"git:{git}", (full, rec.sha256))
     return out
+
+
+def content_key(spec: FileSpec) -> str:
+    return spec.sha256 or f"git:{spec.git_sha1}"
 
 
 class _Lock:
@@ -538,7 +551,8 @@ def prepare(repo_dir: str, manifest: Manifest, *, margin: int = 0, where: str = 
             if other != sha:
                 shutil.rmtree(partial_dir(repo_dir, other))
                 removed.append(other)
-        links = link_sources(repo_dir, exclude=sha)
+        full_links = _link_sources(repo_dir, sha)
+        links = {k: v[0] for k, v in full_links.items()}
         if os.path.isfile(os.path.join(final, MANIFEST_NAME)):
             mode = "repair"
             recorded = read_manifest(final)
@@ -548,9 +562,15 @@ def prepare(repo_dir: str, manifest: Manifest, *, margin: int = 0, where: str = 
                                    f"{manifest.repo}@{sha}; move it away and converge again")
             bad, refreshed = audit(final, recorded, "changed")
             bad = sorted(set(bad) | set(broken))
-            if refreshed:
-                recorded.verified.update(refreshed)
+            recorded.verified.update(refreshed)
+            # A broken file is unverified until replaced (commit then waits for it), and its inode,
+            # which other revisions may share, is no source for a hardlink.
+            bad_inodes = {_ino(os.path.join(final, p)) for p in bad}
+            for path in bad:
+                recorded.verified.pop(path, None)
+            if refreshed or bad:
                 write_manifest(final, recorded)
+            links = {k: p for k, p in links.items() if _ino(p) not in bad_inodes}
             have = [p for p in recorded.files if p not in bad]
             if not bad:
                 if os.path.isdir(stage):
@@ -576,7 +596,8 @@ def prepare(repo_dir: str, manifest: Manifest, *, margin: int = 0, where: str = 
         for path, src in plan.link.items():
             if mode == "new":
                 _link_into(src, os.path.join(stage, path))
-                recorded.verified[path] = Record.of(os.lstat(src), manifest.files[path].sha256 or "")
+                sha256 = full_links[content_key(manifest.files[path])][1]
+                recorded.verified[path] = Record.of(os.lstat(src), sha256)
             else:
                 _link_into(src, os.path.join(incoming_dir, path))  # committed like a fetched file
         if mode == "new":

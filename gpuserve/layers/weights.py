@@ -194,7 +194,8 @@ def sync_host(host: Any, target: Target, st: dict[str, Any], connector_args: dic
                 moved += fetched["received"]
         done = _call(host, "commit", request, connector_args)
         if done["complete"]:
-            what = "repaired" if done["mode"] == "repair" else "verified"
+            what = ("verified" if done["mode"] == "new" else
+                    "repaired" if done["verified"] else "re-verified")
             return (f"checkpoint {target.label} {what} in {target.final}: {len(done['verified'])} "
                     f"file(s) received ({moved} bytes over the wire), {linked} hardlinked"
                     + (f", relinked {', '.join(done['relinked'])}" if done["relinked"] else ""))

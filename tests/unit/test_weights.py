@@ -90,8 +90,11 @@ def test_plan_links_known_content_and_counts_only_new_bytes():
     plan = w.plan_fetch(m, have={"a"}, links={"2" * 64: "/x/old/b", "f" * 40: "/nope"},
                         incoming={"c": 120})
     assert plan.link == {"b": "/x/old/b"}
-    assert plan.transfer == ["c", "d"]  # d has no sha256: never linked by its git id
+    assert plan.transfer == ["c", "d"]
     assert plan.need_bytes == (300 - 120) + 50
+    # a file the hub knows only by its git blob id links by that id
+    plan = w.plan_fetch(m, have={"a"}, links={"git:" + "f" * 40: "/x/old/d"}, incoming={})
+    assert plan.link == {"d": "/x/old/d"} and "d" not in plan.transfer
 
 
 def test_plan_ignores_an_incoming_file_longer_than_expected():
@@ -317,3 +320,28 @@ def test_the_shipped_command_runs_the_same_code(tmp_path):
     assert rc == w.EXIT_SPACE and refused["space"] and refused["error"].startswith("h1: refusing")
     rc, err = run_host("commit", stdin={**req, "manifest": manifest_for(SHA_B, V1).to_json()})
     assert rc == w.EXIT_ERROR and "nothing staged" in err["error"]
+
+
+def test_a_full_audit_finding_a_shared_inode_broken_fetches_instead_of_linking_it(tmp_path):
+    """Corruption that kept size and mtime, in a file two revisions share: the other revision's
+    record still looks fresh, but its (same) inode must not be the repair's source."""
+    repo = tmp_path / "acme--tiny"
+    sync(repo, make_source(tmp_path, "src0", V0), manifest_for(SHA_A, V0, lfs=lambda p: True))
+    src1 = make_source(tmp_path, "src1", V1)
+    sync(repo, src1, manifest_for(SHA_B, V1, lfs=lambda p: True))
+    f = repo / SHA_B / "model-1.safetensors"
+    st = f.stat()
+    with open(f, "r+b") as fh:
+        fh.write(b"\x07")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    broken = w.scan(str(repo), SHA_B, "full")["broken"]
+    assert broken == ["model-1.safetensors"]
+    recorded = w.read_manifest(str(repo / SHA_B))
+    prep = w.prepare(str(repo), recorded, broken=broken)
+    assert prep["transfer"] == ["model-1.safetensors"] and prep["link"] == 0
+    # a run that dies here leaves the file unverified, so the cheap check finds it next time
+    assert w.scan(str(repo), SHA_B)["broken"] == ["model-1.safetensors"]
+    shutil.copyfile(src1 / "model-1.safetensors", os.path.join(prep["incoming"], "model-1.safetensors"))
+    done = w.commit(str(repo), recorded)
+    assert done["complete"] and done["relinked"] == [f"{SHA_A}/model-1.safetensors"]
+    assert w.scan(str(repo), SHA_A, "full")["broken"] == [] == w.scan(str(repo), SHA_B, "full")["broken"]
