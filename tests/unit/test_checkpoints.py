@@ -27,7 +27,7 @@ from gpuserve import checkpoints as cp  # noqa: E402
 from gpuserve import weights as w  # noqa: E402
 from gpuserve.cli import main as cli  # noqa: E402
 from gpuserve.sandbox.hub import (  # noqa: E402
-    SANDBOX_REPO, SANDBOX_SEED, publish_checkpoint, publish_tiny_checkpoint, serve_in_thread)
+    SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint, serve_in_thread)
 
 REPO = "acme/tiny-moe"
 REPO_ROOT = Path(__file__).resolve().parents[2]
