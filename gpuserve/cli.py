@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpuserve.checkpoints import resolve_command
 from gpuserve.plan import plan
 from gpuserve.sandbox.cli import sandbox
 from gpuserve.status import status
@@ -20,3 +21,4 @@ main.add_command(sandbox)
 main.add_command(plan)
 main.add_command(status)
 main.add_command(wheelhouse)
+main.add_command(resolve_command)

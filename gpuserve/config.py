@@ -61,6 +61,11 @@ HOST_DEFAULTS: dict[str, Any] = {
     "deployments": {"minimax": {}},
     "nvme_path": "/mnt/nvme",
     "weights_free_margin_gib": 50,
+    # weights layer (gpuserve.layers.weights; docs/configuration.md, "Weights")
+    "weights_fanout": "control-node",  # or "hub": every host downloads from the hub itself
+    "weights_cache": "~/.cache/gpuserve/checkpoints",  # on the control node
+    "weights_verify": "changed",  # or "full": re-hash every file on every converge
+    "weights_bwlimit_kib": None,  # KiB/s per host transfer; None: unlimited
     "reboot": "never",
     "max_unavailable": 1,
     # service layer and rollouts (docs/configuration.md, "Service, proxy and rollouts")
@@ -99,6 +104,8 @@ MODEL_SOURCES = ("huggingface", "modelscope", "local")
 ENGINES = ("vllm", "sglang")
 PYTHON_VERSIONS = ("3.11", "3.12", "3.13", "3.14")
 REBOOT = ("never", "allowed")
+WEIGHTS_FANOUT = ("control-node", "hub")
+WEIGHTS_VERIFY = ("changed", "full")
 TORCH_BACKEND = re.compile(r"cu126|cu128|cu129|cu130|rocm\d+\.\d+(\.\d+)?|cpu")
 SHA = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -190,6 +197,11 @@ class HostSettings:
     deployments: tuple[DeploymentSettings, ...]
     stack: stack.StackSettings  # the GPU stack layer's settings
     sources: Mapping[str, str]  # top-level key -> where its value came from
+    # weights layer (gpuserve.layers.weights)
+    weights_fanout: str = "control-node"
+    weights_cache: str = "~/.cache/gpuserve/checkpoints"
+    weights_verify: str = "changed"
+    weights_bwlimit_kib: int | None = None
     warnings: tuple[str, ...] = ()
     # engine venv build (gpuserve.engine)
     uv_version: str = UV_VERSION
@@ -320,11 +332,10 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
     rev = c.get("model_revision")
     if rev is None and require_revision:
         c.problem("model_revision", "not pinned: set a 40-hex lowercase commit sha (resolve a "
-                  "branch with HfApi().model_info(repo, revision=...).sha); branch names are "
-                  "never served")
+                  "branch with `gpuserve resolve <repo> <branch>`); branch names are never served")
     elif rev is not None and (not isinstance(rev, str) or not SHA.fullmatch(rev)):
         c.problem("model_revision", f"{rev!r} is not a commit sha: use the full 40-hex lowercase "
-                  "sha, not a branch, tag or short sha")
+                  "sha, not a branch, tag or short sha (`gpuserve resolve <repo> <branch>` prints it)")
         rev = None
     source = c.one_of("model_source", MODEL_SOURCES)
     endpoint = c.get("hf_endpoint")
@@ -431,6 +442,22 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, proxy=proxy,
                 proxy_bind=bind, rollback_to=rollback_to, **tls)
+
+
+def _weights(c: _Checker, model: Mapping[str, Any]) -> dict[str, Any]:
+    """The weights layer's keys; invalid ones are recorded as problems."""
+    fanout = c.one_of("weights_fanout", WEIGHTS_FANOUT)
+    if fanout == "hub" and model["model_source"] in ("local", "modelscope"):
+        c.problem("weights_fanout", f"'hub' makes every host download over HTTP from a Hugging Face "
+                  f"compatible hub; model_source {model['model_source']!r} "
+                  f"({c.sources['model_source']}) needs 'control-node'")
+    cache = c.get("weights_cache")
+    if not (isinstance(cache, str) and cache.strip()):
+        c.problem("weights_cache", f"{cache!r} is not a directory path on the control node")
+    verify = c.one_of("weights_verify", WEIGHTS_VERIFY)
+    bwlimit = c.integer("weights_bwlimit_kib", 1, optional=True)
+    return dict(weights_fanout=fanout, weights_cache=cache, weights_verify=verify,
+                weights_bwlimit_kib=bwlimit)
 
 
 def _scan_values(c: _Checker, value: Any, path: str, src: str) -> None:
@@ -641,6 +668,7 @@ def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettin
     engine = _engine(c, recipe)
     level = _host_level(c)
     build = _engine_build(c)
+    weights = _weights(c, model)
     deployments = _deployments(c, model["model_repo"])
     gpu_stack = _gpu_stack(c)
     if level.get("proxy") is True:
@@ -661,7 +689,7 @@ def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettin
             host=host.name, groups=tuple(host.groups), hardware=hw, recipe=recipe,
             recipe_explicit=explicit, deployments=deployments, stack=gpu_stack,
             sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings),
-            **model, **engine, **level, **build,
+            **model, **engine, **level, **build, **weights,
         )
         problems += recipes.check(settings)
     return (None if problems else settings), problems

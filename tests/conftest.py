@@ -22,6 +22,22 @@ def sandbox():
     box.down()
 
 
+@pytest.fixture(scope="session")
+def sandbox_hub(sandbox, tmp_path_factory):
+    """The sandbox's hub on the test instance's bridge address (group_data/sandbox.py's
+    hf_endpoint), serving the tiny model the sandbox pins. Publish more revisions into ``.root``."""
+    from gpuserve.sandbox import network
+    from gpuserve.sandbox.hub import (SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED,
+                                      publish_tiny_checkpoint, serve_in_thread)
+
+    network.ensure_bridge(sandbox.instance)
+    root = tmp_path_factory.mktemp("sandbox-hub")
+    publish_tiny_checkpoint(root, SANDBOX_REPO, seed=SANDBOX_SEED, variant=0)
+    server = serve_in_thread(root, host=sandbox.bridge_ip, port=SANDBOX_PORT)
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module")
 def make_hosts(sandbox):
     """Fresh sandbox hosts for one test module: make_hosts(["hopper_x8", "blackwell_x4"])."""

@@ -65,6 +65,21 @@ LFS_PATTERNS = (
 LFS_MIN_SIZE = 10 * 1024 * 1024
 CHUNK = 256 * 1024
 
+# The sandbox's own hub: listens on the instance's bridge address (hosts reach it, nothing else does)
+# at this port, and serves the tiny model group_data/sandbox.py pins.
+SANDBOX_PORT = 8900
+SANDBOX_REPO = "gpuserve-test/tiny-chat"
+SANDBOX_SEED = 0
+
+
+def sandbox_endpoint(instance: int | None = None) -> str:
+    """``http://10.231.<instance>.1:8900``; instance from $GPUSERVE_SANDBOX_INSTANCE (default 0)."""
+    from gpuserve.sandbox.network import bridge_ip
+
+    if instance is None:
+        instance = int(os.environ.get("GPUSERVE_SANDBOX_INSTANCE", "0"))
+    return f"http://{bridge_ip(instance)}:{SANDBOX_PORT}"
+
 
 def is_lfs(path: str, size: int) -> bool:
     name = path.rsplit("/", 1)[-1]

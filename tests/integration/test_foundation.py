@@ -10,7 +10,7 @@ NVME = "/srv/nvme"  # group_data/sandbox.py
 
 
 @pytest.fixture(scope="module")
-def hosts(make_hosts):
+def hosts(make_hosts, sandbox_hub):  # serve.py stages the pinned checkpoint from the sandbox hub
     return make_hosts(["hopper_x8", "blackwell_x4:no-nvswitch"])
 
 

@@ -1,0 +1,66 @@
+"""What a host holds of a model repository: the ``CheckpointState`` fact, and how the control node
+runs ``gpuserve.weights`` on a host.
+
+Hosts get no gpuserve install: the source of ``gpuserve/weights.py`` (standard library only) travels
+inside the command, compressed, and runs with the host's ``python3`` (>= 3.9)::
+
+    python3 -c 'import base64,zlib;exec(zlib.decompress(base64.b64decode("...")))' scan <dir> <sha> changed
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import shlex
+import zlib
+from pathlib import Path
+from typing import Any
+
+from pyinfra.api import FactBase
+
+from gpuserve import weights
+
+
+@functools.lru_cache(maxsize=1)
+def _boot() -> str:
+    source = Path(weights.__file__).read_bytes()
+    packed = base64.b64encode(zlib.compress(source, 9)).decode()
+    return f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed}")))'
+
+
+def host_command(*args: str) -> str:
+    """The shell command that runs ``gpuserve.weights.main(args)`` on a host."""
+    return " ".join(["python3", "-c", shlex.quote(_boot()), *(shlex.quote(a) for a in args)])
+
+
+def parse_output(lines: list[str]) -> dict[str, Any]:
+    """The JSON object ``gpuserve.weights.main`` printed (its last line)."""
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError("no JSON result in the output: " + " | ".join(lines[-5:]))
+
+
+class CheckpointState(FactBase):
+    """One revision of a model repository on the host (``gpuserve.weights.scan``).
+
+    ``{"status": "complete" | "partial" | "absent", "broken": [...], "refresh": [...],
+    "complete": [shas], "partials": [shas], "free_bytes", "free_path", "have": [...],
+    "incoming": {path: bytes}, "links": {sha256: path relative to the repo dir}}``, or
+    ``{"error": "..."}`` when the host cannot tell. ``verify="full"`` hashes every file of a
+    complete revision (slow on a real checkpoint: that is the point of asking for it).
+    """
+
+    requires_command = "python3"
+
+    def command(self, repo_dir: str, sha: str, verify: str = "changed") -> str:
+        # `|| true`: a failure still prints {"error": ...}, which process() passes on
+        return f"{host_command('scan', repo_dir, sha, verify)} || true"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        try:
+            return parse_output(output)
+        except ValueError as exc:
+            return {"error": str(exc)}

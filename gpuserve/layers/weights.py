@@ -1,0 +1,314 @@
+"""Weights layer: the pinned checkpoint revision, complete and verified, on every host's NVMe.
+
+    <nvme_path>/gpuserve/models/<org>--<name>/<sha>/      what the service layer serves (complete only)
+
+Three operations, each "No Change" when there is nothing to do (a second converge changes nothing
+and asks the hub for nothing):
+
+1. *Free space*: refuses the host before a byte is downloaded when the files it still needs do not
+   fit on the NVMe filesystem with ``weights_free_margin_gib`` to spare (names host, path, need, free).
+2. *rsync* on the host (``weights_fanout = "control-node"``, the default).
+3. *Checkpoint*: the control node resolves the files once per run (metadata), downloads them once
+   into its cache (``weights_cache``) and verifies each sha256 itself; each host then stages
+   ``<sha>.partial/`` (hardlinks for files an earlier revision has, resumable rsync over SSH for the
+   rest, or a direct download with ``weights_fanout = "hub"``), verifies every new file against the
+   manifest and renames it to ``<sha>/``. A complete revision whose files changed on disk is repaired
+   file by file. Nothing here deletes a complete revision: retention is the service layer's job.
+
+State that this layer changes is read with the ``CheckpointState`` fact once per host at plan time
+(the execute pass reuses it: nothing else in a converge writes under the repository directory), and
+every host-side step re-checks the disk itself when it runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt
+
+from gpuserve import checkpoints, layout
+from gpuserve import weights as w
+from gpuserve.config import HostSettings, load_host
+from gpuserve.facts.checkpoints import CheckpointState, host_command, parse_output
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Target:
+    """Everything the operations need, from one host's settings."""
+
+    host: str
+    source: checkpoints.Source
+    sha: str
+    repo_dir: str  # on the host
+    verify: str
+    margin: int  # bytes
+    fanout: str
+    cache: str  # on the control node
+    bwlimit_kib: int | None
+
+    @classmethod
+    def of(cls, s: HostSettings) -> Target:
+        assert s.model_revision is not None
+        return cls(s.host, checkpoints.Source.of(s), s.model_revision,
+                   layout.model_repo_dir(s.nvme_path, s.model_repo), s.weights_verify,
+                   int(s.weights_free_margin_gib * GIB), s.weights_fanout, s.weights_cache,
+                   s.weights_bwlimit_kib)
+
+    @property
+    def label(self) -> str:
+        return f"{self.source.repo}@{self.sha[:12]}"
+
+    @property
+    def final(self) -> str:
+        return w.final_dir(self.repo_dir, self.sha)
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan-time state (one fact call per host and run)
+# --------------------------------------------------------------------------------------------------
+
+_states: dict[tuple[int, str, str, str], dict[str, Any]] = {}
+
+
+def _state(t: Target) -> dict[str, Any]:
+    key = (id(host.state), host.name, t.repo_dir, t.sha)
+    if key not in _states:
+        found = host.get_fact(CheckpointState, repo_dir=t.repo_dir, sha=t.sha, verify=t.verify)
+        _states[key] = found if isinstance(found, dict) else {
+            "error": "could not read the checkpoint directory (is python3 installed on the host?)"}
+    return _states[key]
+
+
+def _todo(st: dict[str, Any]) -> bool:
+    """Whether the revision needs any work on this host."""
+    if st.get("error"):
+        return True
+    return not (st["status"] == "complete" and not st["broken"] and not st["refresh"]
+                and st["revision"] not in st["partials"])
+
+
+def _fail(message: str) -> FunctionCommand:
+    def fail(state: Any, host: Any) -> bool:
+        host.log_styled(message, fg="red", log_func=logger.error)
+        return False
+
+    return FunctionCommand(fail, (), {})
+
+
+def needed_bytes(st: dict[str, Any], manifest: w.Manifest) -> int:
+    """New bytes the host needs for the revision, from the plan-time state (0 when complete)."""
+    if st["status"] == "complete":
+        return sum(manifest.files[p].size for p in st["broken"] if p in manifest.files)
+    links = {h: os.path.join(st["repo_dir"], p) for h, p in st["links"].items()}
+    return w.plan_fetch(manifest, st["have"], links, st["incoming"]).need_bytes
+
+
+# --------------------------------------------------------------------------------------------------
+# Operations
+# --------------------------------------------------------------------------------------------------
+
+
+@operation()
+def checkpoint_space(target: Target):
+    """Refuse the host when the files it still needs do not fit (nothing is downloaded first)."""
+    st = _state(target)
+    if not _todo(st):
+        return
+    if st.get("error"):
+        yield _fail(f"{target.host}: {target.repo_dir}: {st['error']}")
+        return
+    try:
+        manifest = checkpoints.fleet_manifest(target.source, target.sha, target.cache)
+    except checkpoints.CheckpointError as exc:
+        yield _fail(f"{target.host}: checkpoint {target.label}: {exc}")
+        return
+    try:
+        w.check_space(target.host, st["free_path"], needed_bytes(st, manifest), st["free_bytes"],
+                      target.margin)
+    except w.SpaceError as exc:
+        yield _fail(str(exc))
+
+
+@operation()
+def checkpoint(target: Target):
+    """Stage, verify and atomically publish (or repair) the revision on the host."""
+    st = _state(target)
+    if not _todo(st):
+        return
+    connector_args = {k: v for k, v in (host.current_op_global_arguments or {}).items()
+                      if k in CONNECTOR_ARGUMENT_KEYS and k != "_stdin"}
+    yield FunctionCommand(_sync, (target, st, connector_args), {})
+
+
+def _sync(state: Any, host: Any, target: Target, st: dict[str, Any], connector_args: dict) -> bool:
+    try:
+        summary = sync_host(host, target, st, connector_args)
+    except (checkpoints.CheckpointError, w.WeightsError) as exc:
+        message = str(exc)
+        if not message.startswith(target.host):
+            message = f"{target.host}: checkpoint {target.label}: {message}"
+        host.log_styled(message, fg="red", log_func=logger.error)
+        return False
+    host.log_styled(summary, log_func=logger.info)
+    return True
+
+
+def sync_host(host: Any, target: Target, st: dict[str, Any], connector_args: dict) -> str:
+    """Bring one host's copy of the revision to complete and verified; returns a summary line."""
+    if st.get("error"):
+        raise w.WeightsError(f"{target.host}: {target.repo_dir}: {st['error']}")
+    log = lambda m: host.log_styled(m, log_func=logger.info)  # noqa: E731
+    if target.fanout == "control-node":
+        src_dir, manifest = checkpoints.fleet_stage(target.source, target.sha, target.cache, log)
+    else:
+        src_dir, manifest = None, checkpoints.fleet_manifest(target.source, target.sha, target.cache)
+    request = {"repo_dir": target.repo_dir, "manifest": manifest.to_json(records=False),
+               "margin": target.margin, "where": target.host, "broken": st.get("broken", [])}
+    moved = linked = 0
+    for attempt in range(1, 4):
+        prep = _call(host, "prepare", request, connector_args)
+        linked += prep.get("link", 0)
+        if prep["transfer"]:
+            if src_dir is not None:
+                moved += rsync_to_host(host, src_dir, prep["incoming"], prep["transfer"],
+                                       target.bwlimit_kib, connector_args)
+            else:
+                fetched = _call(host, "fetch", {**request, "paths": prep["transfer"],
+                                                "url_base": target.source.resolve_url(target.sha),
+                                                "bwlimit_kib": target.bwlimit_kib}, connector_args)
+                moved += fetched["received"]
+        done = _call(host, "commit", request, connector_args)
+        if done["complete"]:
+            what = ("verified" if done["mode"] == "new" else
+                    "repaired" if done["verified"] else "re-verified")
+            return (f"checkpoint {target.label} {what} in {target.final}: {len(done['verified'])} "
+                    f"file(s) received ({moved} bytes over the wire), {linked} hardlinked"
+                    + (f", relinked {', '.join(done['relinked'])}" if done["relinked"] else ""))
+        if not done["bad"] and not prep["transfer"]:
+            break
+        for bad in done["bad"]:
+            log(f"{bad['path']} failed verification on the host ({bad['reason']}); fetching it again")
+        request["broken"] = []
+    missing = ", ".join(done["missing"][:5]) + (" ..." if len(done["missing"]) > 5 else "")
+    raise w.WeightsError(f"{target.host}: {target.label} is still incomplete after 3 attempts "
+                         f"(missing or unverified: {missing}); {target.final} was not created")
+
+
+def _call(host: Any, cmd: str, request: dict[str, Any], connector_args: dict) -> dict[str, Any]:
+    """Run ``gpuserve.weights.main([cmd])`` on the host with ``request`` on stdin."""
+    ok, output = host.run_shell_command(StringCommand(host_command(cmd)), _stdin=json.dumps(request),
+                                        **connector_args)
+    try:
+        result = parse_output(output.stdout_lines)
+    except ValueError:
+        raise w.WeightsError(f"{host.name}: `{cmd}` on the host failed: "
+                             + " | ".join(output.stderr_lines[-5:] or output.stdout_lines[-5:])) from None
+    if not ok or "error" in result:
+        raise w.WeightsError(result.get("error") if result.get("space") else
+                             f"{host.name}: {cmd}: {result.get('error', 'failed')}")
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# rsync over the host's own SSH settings
+# --------------------------------------------------------------------------------------------------
+
+
+def ssh_command(host: Any) -> tuple[list[str], str]:
+    """(ssh argv, ``[user@]address``) from the host's pyinfra SSH data, as strict as pyinfra's own
+    connection: its key (only that key), known_hosts file and host key checking.
+
+    Not pyinfra's files.rsync: it is alpha, builds a shell string, cannot take a file list on stdin
+    and does not pass IdentitiesOnly.
+    """
+    data = host.data
+    if data.get("ssh_password") or data.get("ssh_key_password"):
+        raise w.WeightsError(f"{host.name}: rsync over SSH needs key authentication without a "
+                             "passphrase (ssh_password / ssh_key_password are set)")
+    hostname = data.get("ssh_hostname") or host.name
+    args = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15"]
+    if data.get("ssh_port"):
+        args += ["-p", str(data.get("ssh_port"))]
+    if data.get("ssh_key"):
+        args += ["-i", os.path.expanduser(str(data.get("ssh_key"))), "-o", "IdentitiesOnly=yes"]
+    if data.get("ssh_known_hosts_file"):
+        args += ["-o", f"UserKnownHostsFile={os.path.expanduser(str(data.get('ssh_known_hosts_file')))}"]
+    args += ["-o", f"StrictHostKeyChecking={data.get('ssh_strict_host_key_checking') or 'accept-new'}"]
+    if data.get("ssh_config_file"):
+        args += ["-F", os.path.expanduser(str(data.get("ssh_config_file")))]
+    if ":" in hostname and not hostname.startswith("["):
+        hostname = f"[{hostname}]"
+    user = data.get("ssh_user")
+    return args, f"{user}@{hostname}" if user else hostname
+
+
+def _die_with_parent() -> None:
+    """Child side of fork: get SIGKILL when the pyinfra process dies, so a killed converge leaves
+    no transfer running (the next run resumes it instead)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+_SENT = re.compile(r"Total bytes sent:\s*([\d,.]+)")
+
+
+def rsync_to_host(host: Any, src_dir: str, dest_dir: str, paths: list[str], bwlimit_kib: int | None,
+                  connector_args: dict) -> int:
+    """rsync ``paths`` (relative to ``src_dir``) into ``dest_dir`` on the host. ``--append-verify``
+    resumes a file an interrupted run left half-received (whole-file checksum afterwards).
+    Returns the bytes sent."""
+    if not shutil.which("rsync"):
+        raise w.WeightsError("rsync is not installed on the control node (dev/bootstrap.sh installs it)")
+    ssh, address = ssh_command(host)
+    args = ["rsync", "--recursive", "--times", "--chmod=D755,F644", "--append-verify", "--from0",
+            "--files-from=-", "--stats", "--timeout=600", "-e", shlex.join(ssh)]
+    if bwlimit_kib:
+        args.append(f"--bwlimit={bwlimit_kib}")
+    if connector_args.get("_sudo"):
+        user = connector_args.get("_sudo_user")
+        args.append(f"--rsync-path=sudo -n {'-u ' + shlex.quote(user) + ' ' if user else ''}rsync")
+    args += [src_dir.rstrip("/") + "/", f"{address}:{dest_dir.rstrip('/')}/"]
+    proc = subprocess.run(args, input=b"\0".join(p.encode() for p in paths), capture_output=True,
+                          preexec_fn=_die_with_parent, check=False)
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        raise w.WeightsError(f"{host.name}: rsync of {len(paths)} file(s) from {src_dir} failed "
+                             f"(exit {proc.returncode}): {' | '.join(err)}")
+    m = _SENT.search(proc.stdout.decode(errors="replace"))
+    return int(re.sub(r"[,.]", "", m.group(1))) if m else 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The layer
+# --------------------------------------------------------------------------------------------------
+
+
+@deploy("Weights")
+def weights(settings: HostSettings | None = None):
+    """Converge the pinned checkpoint on this host. Returns the checkpoint operation's meta
+    (``did_change()`` after execution: the revision was staged or repaired in this run)."""
+    s = settings or load_host(host)
+    target = Target.of(s)
+    checkpoint_space(name=f"Free space for checkpoint {target.label}", target=target)
+    if target.fanout == "control-node":
+        have_rsync = host.get_fact(Which, "rsync")
+        apt.packages(name="rsync (checkpoint copies from the control node)", packages=["rsync"],
+                     update=not have_rsync)
+    return checkpoint(name=f"Checkpoint {target.label}", target=target)
