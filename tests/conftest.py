@@ -6,6 +6,11 @@ import os
 
 import pytest
 
+# pyinfra's CLI module monkey-patches the standard library with gevent when first imported
+# (gpuserve plan/status import it). Patching a process that already runs threads (the tests'
+# hub server) deadlocks on the import lock, so it happens here, before any thread exists.
+import pyinfra_cli  # noqa: E402,F401
+
 # Tests use their own sandbox instance so they never replace the hosts a developer is using
 # (instance 0). Helpers working in parallel pick different ones.
 TEST_INSTANCE = int(os.environ.get("GPUSERVE_TEST_INSTANCE", "99"))
@@ -44,7 +49,8 @@ def make_hosts(sandbox):
     from gpuserve.sandbox.simgpu import HostSpec
 
     def make(specs: list[str]):
-        return sandbox.up([HostSpec.parse(s) for s in specs])
+        # the tests serve their own hub (sandbox_hub: byte counters, fault injection)
+        return sandbox.up([HostSpec.parse(s) for s in specs], services=False)
 
     return make
 
@@ -55,17 +61,9 @@ def sandbox_wheelhouse():
     ``wheelhouse``): built once per machine (about a minute, 922 MB) and kept across runs.
     torch 2.13.0+cpu comes from pip's configuration here; elsewhere set GPUSERVE_TORCH_INDEX
     (e.g. https://download.pytorch.org/whl/cpu)."""
-    import platform
-    from pathlib import Path
+    from gpuserve.sandbox.services import ensure_wheelhouse
 
-    from gpuserve.engine import UV_VERSION
-    from gpuserve.wheelhouse import build_set
-
-    data: dict = {}
-    exec((Path(__file__).resolve().parents[1] / "group_data/sandbox.py").read_text(), data)
-    return build_set(data["wheelhouse"], data["engine_package"], data["engine_version"],
-                     data["python_version"], data["torch_backend"], platform.machine(), UV_VERSION,
-                     torch_index=os.environ.get("GPUSERVE_TORCH_INDEX") or None)
+    return ensure_wheelhouse()
 
 
 @pytest.fixture

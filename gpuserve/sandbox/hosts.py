@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpuserve.sandbox import image, network, simgpu, standin_repo
+from gpuserve.sandbox import services as services_mod
 from gpuserve.sandbox.simgpu import HostSpec
 from gpuserve.sandbox.util import SandboxError, file_lock, log, run
 
@@ -112,8 +113,12 @@ class Sandbox:
         return run([*self.ssh_args(host), command], check=check, timeout=timeout)
 
     # --- up / down ----------------------------------------------------------------------------
-    def up(self, specs: list[HostSpec], *, wait: float = 120) -> list[SandboxHost]:
-        """Replace this instance's hosts with fresh ones, booted and answering SSH."""
+    def up(self, specs: list[HostSpec], *, wait: float = 120, services: bool = True) -> list[SandboxHost]:
+        """Replace this instance's hosts with fresh ones, booted and answering SSH.
+
+        ``services``: also start the instance's hub and make sure the engine's wheelhouse exists
+        (gpuserve.sandbox.services); tests that serve their own hub pass False.
+        """
         if os.geteuid() != 0:
             raise SandboxError("the sandbox needs root (network namespaces, mounts, nspawn)")
         missing = sorted({pkg for tool, pkg in REQUIRED_TOOLS.items() if not shutil.which(tool)
@@ -152,6 +157,12 @@ class Sandbox:
         log(f"{len(hosts)} host(s) up in {t_end - t0:.1f} s "
             f"(image/network {t_prepare - t0:.1f} s, hosts {t_end - t_prepare:.1f} s); "
             f"inventory: inventories/sandbox.py (instance {self.instance})")
+        services_mod.ensure_api_keys(self.state_dir)
+        if services:
+            t1 = time.monotonic()
+            services_mod.start_hub(self.state_dir, self.instance)
+            wheels = services_mod.ensure_wheelhouse()
+            log(f"hub and wheelhouse ({wheels.path}) ready in {time.monotonic() - t1:.1f} s")
         return hosts
 
     def down(self) -> None:
@@ -160,6 +171,7 @@ class Sandbox:
             self._down_hosts()
             network.stop_apt_cache(self.state_dir)
             standin_repo.stop(self.state_dir)
+            services_mod.stop_hub(self.state_dir)
             network.delete_bridge(self.instance)
 
     @classmethod
@@ -251,7 +263,10 @@ class Sandbox:
                 ["bash", str(loop), sys.executable, str(hdir / "root"), str(hdir / "sim/proc-driver"),
                  "--", *args],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                # a pure cgroup2 tree inside: systemd can then kill a unit's whole process group
+                # (in this machine's hybrid layout it fails with EIO and leaves processes behind)
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+                     "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"},
             )
         (hdir / "nspawn.pid").write_text(str(proc.pid))
 
@@ -285,8 +300,9 @@ class Sandbox:
             if leftover.name not in names:
                 i = int(leftover.name.rsplit("-", 1)[1])
                 names[leftover.name] = SandboxHost(leftover.name, i, "", "cpu", f"gs{self.instance}-{i}")
-        for host in names.values():
-            self._stop(host)
+        if names:
+            with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+                list(pool.map(self._stop, names.values()))
         self.state_file.unlink(missing_ok=True)
 
     def _stop(self, host: SandboxHost) -> None:
