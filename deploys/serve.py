@@ -13,6 +13,7 @@ from gpuserve.layers.engine import engine
 from gpuserve.layers.gpu_stack import gpu_stack
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.service import service
+from gpuserve.layers.weights import weights
 from gpuserve.service import desired_releases
 
 settings = host_settings()
@@ -20,5 +21,6 @@ settings = host_settings()
 base_layout(settings.nvme_path, [d.name for d in settings.deployments])
 gpu_stack()
 spec = engine(settings)
+weights(settings)
 service(settings, desired_releases(settings, spec))
 proxy(settings)

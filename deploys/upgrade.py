@@ -15,6 +15,7 @@ from gpuserve.layers.engine import engine
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.rollout import add_rollout, deployment_state
 from gpuserve.layers.service import service
+from gpuserve.layers.weights import weights
 from gpuserve.rollout import upgrade_move
 from gpuserve.service import desired_releases
 
@@ -22,6 +23,7 @@ settings = host_settings()
 
 base_layout(settings.nvme_path, [d.name for d in settings.deployments])
 spec = engine(settings)
+weights(settings)
 releases = desired_releases(settings, spec)
 service(settings, releases, start=False)
 proxy(settings)

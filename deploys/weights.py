@@ -6,13 +6,11 @@ Useful before a rollout: the new revision lands beside the one being served (unc
 hardlinked), so the upgrade itself moves no weights. Idempotent: a second run changes nothing.
 """
 
-from pyinfra import host
-
 from gpuserve.layers.base import base_layout
+from gpuserve.layers.context import host_settings
 from gpuserve.layers.weights import weights
 
-base_layout(
-    nvme_path=host.data.get("nvme_path"),
-    deployments=sorted(host.data.get("deployments")),
-)
-weights()
+settings = host_settings()
+
+base_layout(settings.nvme_path, [d.name for d in settings.deployments])
+weights(settings)

@@ -10,7 +10,7 @@ import pytest
 
 from gpuserve.facts.nvidia import CUDA_CHECK
 
-INVENTORY, DEPLOY = "inventories/sandbox.py", "deploys/serve.py"
+INVENTORY, DEPLOY = "inventories/sandbox.py", "deploys/gpu_stack.py"
 NVIDIA_SET = {"nvidia-driver-pinning-580", "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-persistenced",
               "cuda-toolkit-13-0"}
 FABRIC = {"nvidia-fabricmanager", "libnvidia-nscq"}
