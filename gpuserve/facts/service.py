@@ -98,5 +98,9 @@ class ReleaseRecords(FactBase):
         return (f'for f in {d}/*/release.json; do [ -f "$f" ] && '
                 f'echo "== $(basename "$(dirname "$f")")" && cat "$f"; done 2>/dev/null; true')
 
+    @staticmethod
+    def default() -> dict:  # no release on the host yet
+        return {}
+
     def process(self, output: list[str]) -> dict:
         return parse_release_records(output)

@@ -37,6 +37,8 @@ def keys_map(keys: list[str]) -> str:
     for key in keys:
         if not re.fullmatch(r"[A-Za-z0-9._~+/=-]+", key):
             raise ValueError("an API key may only hold letters, digits and ._~+/=-")
+        if len(key) > 200:   # map_hash_bucket_size 256 holds "Bearer " + 200 characters
+            raise ValueError("an API key may be at most 200 characters long")
     return "".join(f'"Bearer {key}" 1;\n' for key in keys)
 
 
@@ -60,8 +62,13 @@ def proxy(settings: HostSettings) -> None:
     default_site = files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default",
                               present=False)
     files.directory(name="Proxy configuration", path=NGINX_DIR, user="root", group="root", mode="755")
+    common = files.put(name="Proxy settings shared by the deployments",
+                       src=StringIO("# Managed by gpuserve: API keys are long map keys\n"
+                                    "map_hash_bucket_size 256;\n"),
+                       dest="/etc/nginx/conf.d/gpuserve-common.conf", user="root", group="root",
+                       mode="644")
     tls = _tls(settings)
-    changed = [default_site, *tls]
+    changed = [default_site, common, *tls]
     for dep in settings.deployments:
         keys = files.put(name=f"{dep.name}: client API keys (0600)",
                          src=StringIO(keys_map(_client_keys(dep))),

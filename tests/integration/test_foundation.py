@@ -1,16 +1,14 @@
-"""The foundation end to end: real sandbox hosts, and a converge that is idempotent over SSH."""
+"""The foundation: sandbox hosts are real Debian hosts; only their GPUs are simulated.
+
+The full converge over SSH (and its idempotency) is tests/integration/test_serve_e2e.py."""
 
 import time
 
 import pytest
 
-from gpuserve import layout
-
-NVME = "/srv/nvme"  # group_data/sandbox.py
-
 
 @pytest.fixture(scope="module")
-def hosts(make_hosts, sandbox_hub):  # serve.py stages the pinned checkpoint from the sandbox hub
+def hosts(make_hosts):
     return make_hosts(["hopper_x8", "blackwell_x4:no-nvswitch"])
 
 
@@ -58,23 +56,3 @@ def test_only_the_gpus_are_simulated(sandbox, hosts):
     nvswitch = "ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | wc -l"
     assert sandbox.ssh(hopper, nvswitch).stdout.strip() == "4"
     assert sandbox.ssh(blackwell, nvswitch).stdout.strip() == "0"   # the :no-nvswitch variant
-
-
-def test_serve_converges_and_a_second_run_changes_nothing(sandbox, hosts, pyinfra, testinfra_host):
-    first = pyinfra("inventories/sandbox.py", "deploys/serve.py").check()
-    assert first.changed > 0 and first.errors == 0
-    second = pyinfra("inventories/sandbox.py", "deploys/serve.py").check()
-    assert second.changed == 0, second.output[-3000:]
-    assert second.unchanged == first.changed + first.unchanged
-
-    for h in hosts:
-        t = testinfra_host(h)
-        user = t.user(layout.SERVICE_USER)
-        assert user.exists and user.shell == "/usr/sbin/nologin" and user.uid < 1000
-        etc = t.file(layout.ETC_DIR)
-        assert etc.is_directory and etc.user == "root" and etc.group == layout.SERVICE_GROUP
-        assert etc.mode == 0o750
-        cache = t.file(layout.cache_dir(NVME, "minimax"))
-        assert cache.is_directory and cache.user == layout.SERVICE_USER and cache.mode == 0o750
-        assert t.file(layout.models_dir(NVME)).is_directory
-        assert t.file(layout.releases_dir("minimax")).is_directory

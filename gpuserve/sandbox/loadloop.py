@@ -1,0 +1,138 @@
+"""A steady client load through the proxies, behaving like a load balancer (tests and benches).
+
+It polls every host's proxy ``/health`` (which answers 503 while a rollout has the host out of
+rotation), sends chat completions round-robin to the hosts in rotation only, and counts what
+came back. That is how production traffic meets a rolling upgrade: the balancer stops sending
+to a drained host, and in-flight requests finish before the engine stops.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+
+TIMED_OUT = -1
+UNHEALTHY_AFTER = 3   # consecutive health-check timeouts before a host leaves the rotation
+
+
+@dataclass
+class LoadStats:
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    failures: list[str] = field(default_factory=list)
+    min_in_rotation: int | None = None
+    by_host: dict[str, int] = field(default_factory=dict)
+
+
+class LoadLoop:
+    """``with LoadLoop(endpoints, key, model) as loop: ...; loop.stats``.
+
+    ``endpoints``: host name -> (base URL of its proxy, CA file that signs its certificate).
+    """
+
+    def __init__(self, endpoints: dict[str, tuple[str, str]], api_key: str, model: str,
+                 *, health_interval: float = 0.2, max_tokens: int = 8, workers: int = 2):
+        self.endpoints = endpoints
+        self.api_key = api_key
+        self.model = model
+        self.health_interval = health_interval
+        self.max_tokens = max_tokens
+        self.workers = workers
+        self.stats = LoadStats()
+        self._in_rotation: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._contexts = {name: ssl.create_default_context(cafile=ca) for name, (_, ca) in endpoints.items()}
+        for ctx in self._contexts.values():
+            ctx.check_hostname = False   # pinned to each host's own certificate instead of a name
+
+    def _get(self, name: str, path: str, body: dict | None = None, timeout: float = 60) -> int:
+        url, _ = self.endpoints[name]
+        req = urllib.request.Request(
+            url + path, data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout, context=self._contexts[name]) as resp:
+                resp.read()
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except (TimeoutError, socket.timeout):
+            return TIMED_OUT
+        except urllib.error.URLError as exc:
+            return TIMED_OUT if isinstance(exc.reason, (TimeoutError, socket.timeout)) else 0
+        except OSError:
+            return 0
+
+    def _health(self) -> None:
+        slow = {n: 0 for n in self.endpoints}
+        while not self._stop.is_set():
+            up = set()
+            for name in self.endpoints:
+                status = self._get(name, "/health", timeout=2)
+                # like a balancer's health check: an answer other than 200 (503 while drained)
+                # or a refused connection takes the host out at once; a host that is merely
+                # slow to answer (2 busy cores) goes out only after UNHEALTHY_AFTER timeouts
+                slow[name] = slow[name] + 1 if status == TIMED_OUT else 0
+                if status == 200 or (status == TIMED_OUT and slow[name] < UNHEALTHY_AFTER
+                                     and name in self._in_rotation):
+                    up.add(name)
+            with self._lock:
+                self._in_rotation = up
+                if self.stats.sent:   # count from the first request on
+                    low = self.stats.min_in_rotation
+                    self.stats.min_in_rotation = len(up) if low is None else min(low, len(up))
+            self._stop.wait(self.health_interval)
+
+    def _client(self, offset: int) -> None:
+        i = offset
+        while not self._stop.is_set():
+            with self._lock:
+                hosts = sorted(self._in_rotation)
+            if not hosts:
+                self._stop.wait(0.05)
+                continue
+            name = hosts[i % len(hosts)]
+            i += 1
+            status = self._get(name, "/v1/chat/completions", {
+                "model": self.model, "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": "Hello!"}]})
+            with self._lock:
+                self.stats.sent += 1
+                self.stats.by_host[name] = self.stats.by_host.get(name, 0) + 1
+                if status == 200:
+                    self.stats.ok += 1
+                else:
+                    self.stats.failed += 1
+                    self.stats.failures.append(f"{time.strftime('%H:%M:%S')} {name}: HTTP {status}")
+
+    def wait_until_serving(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self._in_rotation) == len(self.endpoints):
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"not every host is in rotation after {timeout} s: {sorted(self._in_rotation)}")
+
+    def __enter__(self) -> "LoadLoop":
+        self._threads = [threading.Thread(target=self._health, daemon=True)]
+        self._threads += [threading.Thread(target=self._client, args=(k,), daemon=True)
+                          for k in range(self.workers)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=120)
