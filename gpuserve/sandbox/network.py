@@ -117,11 +117,36 @@ def stop_apt_cache(state_dir: Path) -> None:
         (acng / name).unlink(missing_ok=True)
 
 
+def lxcfs_serving(mnt: Path) -> bool:
+    """True when lxcfs answers on mnt (a mount whose lxcfs process died answers ENOTCONN)."""
+    try:
+        (mnt / "proc" / "uptime").read_text()
+        return True
+    except OSError:
+        return False
+
+
+def _listed_as_mount(mnt: Path) -> bool:
+    target = str(mnt)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
 def ensure_lxcfs(root: Path) -> Path | None:
-    """Mount lxcfs at <root>/lxcfs (once for all instances). None when lxcfs is not installed."""
+    """Mount lxcfs at <root>/lxcfs (once for all instances). None when lxcfs is not installed.
+
+    A mount left behind by an lxcfs that died (killed with its session, say) answers every
+    access with "Transport endpoint is not connected"; it is detached and lxcfs started again.
+    """
     mnt = root / "lxcfs"
-    if run(["mountpoint", "-q", str(mnt)], check=False).returncode == 0:
+    if lxcfs_serving(mnt):
         return mnt
+    if _listed_as_mount(mnt):
+        log(f"lxcfs on {mnt} no longer answers (its process is gone); detaching it and starting lxcfs again")
+        pid = pid_alive(root / "lxcfs.pid")
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+        run(["umount", "-l", str(mnt)], check=False)
     binary = shutil.which("lxcfs")
     if not binary:
         log("lxcfs is not installed: hosts share this machine's /proc/uptime (pyinfra server.reboot "
@@ -132,7 +157,7 @@ def ensure_lxcfs(root: Path) -> Path | None:
     subprocess.Popen([binary, "-f", "-p", str(root / "lxcfs.pid"), str(mnt)],
                      stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     for _ in range(50):
-        if run(["mountpoint", "-q", str(mnt)], check=False).returncode == 0:
+        if lxcfs_serving(mnt):
             return mnt
         time.sleep(0.1)
     raise SandboxError(f"lxcfs did not mount on {mnt}; see {root / 'lxcfs.log'}")

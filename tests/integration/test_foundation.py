@@ -56,3 +56,31 @@ def test_only_the_gpus_are_simulated(sandbox, hosts):
     nvswitch = "ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | wc -l"
     assert sandbox.ssh(hopper, nvswitch).stdout.strip() == "4"
     assert sandbox.ssh(blackwell, nvswitch).stdout.strip() == "0"   # the :no-nvswitch variant
+
+
+def test_a_dead_lxcfs_mount_is_detached_and_lxcfs_started_again(sandbox, tmp_path):
+    """A previous run's lxcfs killed with its session leaves a mount that answers ENOTCONN;
+    bringing hosts up must recover from that, not fail on it (a CI machine hit exactly this)."""
+    import os
+    import shutil
+    import signal
+
+    from gpuserve.sandbox import network
+
+    if not shutil.which("lxcfs"):
+        pytest.skip("lxcfs is not installed (dev/bootstrap.sh installs it)")
+    root = tmp_path
+    mnt = network.ensure_lxcfs(root)
+    try:
+        assert network.lxcfs_serving(mnt)
+        os.kill(int((root / "lxcfs.pid").read_text()), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while network.lxcfs_serving(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(OSError) as dead:
+            (mnt / "proc" / "uptime").read_text()
+        assert dead.value.errno == 107      # Transport endpoint is not connected
+        assert network.ensure_lxcfs(root) == mnt
+        assert float((mnt / "proc" / "uptime").read_text().split()[0]) >= 0
+    finally:
+        network.stop_lxcfs(root)
