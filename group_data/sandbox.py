@@ -19,7 +19,8 @@ nvme_path = "/srv/nvme"   # a plain directory on sandbox hosts
 
 # The tiny test checkpoint: publish_tiny_checkpoint(root, "gpuserve-test/tiny-chat", seed=0,
 # variant=0) from gpuserve.sandbox.hub gives exactly this commit (tests/unit/test_sandbox_pin.py
-# regenerates it). It is served by the sandbox hub on the instance's bridge address.
+# checks it and prints the sha to pin if it ever changes). It is served by the sandbox hub on
+# the instance's bridge address.
 model_repo = "gpuserve-test/tiny-chat"
 model_revision = "cb242b2cfc07ba6d5853f48693d637d2ea41e574"
 hf_endpoint = sandbox_endpoint()  # http://10.231.<GPUSERVE_SANDBOX_INSTANCE>.1:8900
