@@ -21,7 +21,7 @@ for dep in settings.deployments:
     st = deployment_state(settings, dep.name)
     try:
         move = rollback_move(settings.host, dep.name, st.current, st.previous, st.releases,
-                             settings.rollback_to)
+                             settings.rollback_to, st.interrupted)
     except ValueError as exc:  # nothing to roll back to: refuse before any host is touched
         raise PyinfraError(f"rollback refused: {exc}") from None
     if move:

@@ -6,7 +6,8 @@ Every host first gets the new release staged beside the one it serves (engine, w
 then hosts move max_unavailable at a time, in inventory order: out of the proxy, stop (drains),
 switch, start, readiness gate, back in. A failed gate puts that host back on its release and
 stops the rollout (exit non-zero); hosts not reached keep theirs. Running it again once every
-host serves the pinned release changes nothing.
+host serves the pinned release changes nothing; running it again after an interrupted rollout
+(the run killed, a host unreachable) finishes it.
 """
 
 from gpuserve.layers.base import base_layout
@@ -27,8 +28,10 @@ weights(settings)
 releases = desired_releases(settings, spec)
 service(settings, releases, start=False)
 proxy(settings)
-add_rollout("upgrade", [
-    move for dep in settings.deployments
-    if (move := upgrade_move(settings.host, dep.name, deployment_state(settings, dep.name).current,
-                             releases[dep.name].id))
-])
+moves = []
+for dep in settings.deployments:
+    st = deployment_state(settings, dep.name)
+    if move := upgrade_move(settings.host, dep.name, st.current, releases[dep.name].id,
+                            st.previous, st.interrupted):
+        moves.append(move)
+add_rollout("upgrade", moves)

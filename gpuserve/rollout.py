@@ -25,24 +25,39 @@ class Move:
     to_release: str
     previous: str | None   # what ``previous`` points at after the move
 
+    @property
+    def resumes(self) -> bool:
+        """Finishes a move that was interrupted after its switch (the run was killed, say)."""
+        return self.from_release == self.to_release
+
     def __str__(self) -> str:
+        if self.resumes:
+            return (f"{self.host} {self.deployment}: {self.to_release} is current but not serving "
+                    "in rotation (an interrupted rollout): restart, gate, back in")
         return f"{self.host} {self.deployment}: {self.from_release or '(none)'} -> {self.to_release}"
 
 
-def upgrade_move(host: str, deployment: str, current: str | None, desired: str) -> Move | None:
-    """The move an upgrade makes; None when the host already serves ``desired``."""
+def upgrade_move(host: str, deployment: str, current: str | None, desired: str,
+                 previous: str | None = None, interrupted: bool = False) -> Move | None:
+    """The move an upgrade makes; None when the host already serves ``desired``.
+
+    ``interrupted``: the host is not serving, or is still out of the proxy's rotation, which a
+    rollout killed half-way leaves behind. If ``current`` is already ``desired`` the move then
+    resumes (restart, gate, back in) instead of leaving the host down.
+    """
     if current == desired:
-        return None
+        return Move(host, deployment, current, desired, previous=previous) if interrupted else None
     return Move(host, deployment, current, desired, previous=current)
 
 
 def rollback_move(host: str, deployment: str, current: str | None, previous: str | None,
-                  releases: Iterable[str], named: str | None = None) -> Move | None:
+                  releases: Iterable[str], named: str | None = None,
+                  interrupted: bool = False) -> Move | None:
     """The move a rollback makes; None when the host already serves the target.
 
     The target is ``previous`` or the named release. Afterwards both pointers name the target:
     running the rollback again finds nothing to do (idempotent), and the release rolled away from
-    stays on disk until retention collects it.
+    stays on disk until retention collects it. ``interrupted``: as for upgrade_move.
     """
     if named is not None:
         if named not in set(releases):
@@ -53,7 +68,7 @@ def rollback_move(host: str, deployment: str, current: str | None, previous: str
     else:
         target = previous
     if current == target:
-        return None
+        return Move(host, deployment, current, target, previous=target) if interrupted else None
     return Move(host, deployment, current, target, previous=target)
 
 

@@ -77,6 +77,8 @@ def collect(inventory) -> list[Row]:
                 health = st.active_state or "not installed"
                 if st.active_state:
                     health += f", /health {st.health or 'no answer'}"
+                if st.drained:   # a rollout has it out of the proxy (or was killed doing so)
+                    health += ", drained"
                 rows.append(Row(host.name, dep.name, st.current or "-", st.previous or "-", health,
                                 ",".join(engine.get("models") or []) or "-", gpus))
     finally:
@@ -102,5 +104,6 @@ def status(inventory: str, data: tuple[str, ...]) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(render_table(rows))
-    if any(r.health == "unreachable" or "/health 200" not in r.health for r in rows):
+    if any(r.health == "unreachable" or "/health 200" not in r.health or "drained" in r.health
+           for r in rows):
         raise SystemExit(1)

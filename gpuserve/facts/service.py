@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 
 from gpuserve import layout
+from gpuserve.rollout import drain_flag
 
 
 @dataclass(frozen=True)
@@ -17,10 +18,16 @@ class DeploymentState:
     active_state: str                # systemd ActiveState: active, activating, failed, inactive, ""
     enabled: bool
     health: int                      # HTTP status of the engine's /health, 0 when unreachable
+    drained: bool = False            # the rollout's drain flag is there: out of the proxy's rotation
 
     @property
     def serving(self) -> bool:
         return self.active_state == "active" and self.health == 200
+
+    @property
+    def interrupted(self) -> bool:
+        """Has a release but is down or still drained: what a rollout killed half-way leaves."""
+        return self.current is not None and (not self.serving or self.drained)
 
 
 def parse_deployment_state(lines: list[str]) -> DeploymentState:
@@ -45,6 +52,7 @@ def parse_deployment_state(lines: list[str]) -> DeploymentState:
         active_state=values.get("active", ""),
         enabled=values.get("enabled") == "enabled",
         health=int(health) if health.isdigit() else 0,
+        drained=values.get("drained") == "yes",
     )
 
 
@@ -61,6 +69,7 @@ class Deployment(FactBase):
             f'echo "previous: $(readlink {d}/previous 2>/dev/null)"; '
             f'echo "active: $(systemctl show -p ActiveState --value {unit} 2>/dev/null)"; '
             f'echo "enabled: $(systemctl is-enabled {unit} 2>/dev/null)"; '
+            f'echo "drained: $(test -e {drain_flag(deployment)} && echo yes)"; '
             f'echo "health: $(curl -s -o /dev/null -w %{{http_code}} --max-time 3 {health_url} 2>/dev/null)"'
         )
 

@@ -92,8 +92,26 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
                 + (f". Not reached, still on their release: {', '.join(untouched)}" if untouched else ""))
 
 
-def _run(h, command: str) -> str:
-    ok, output = h.run_shell_command(StringCommand(command), _sudo=bool(h.data.get("_sudo")))
+COMMAND_TIMEOUT_S = 60   # a step of a move other than stop and the gate; bounds an unreachable host
+
+
+def _shell(h, command: str, timeout: float):
+    """run_shell_command bounded as a whole: pyinfra's _timeout covers reading the output only,
+    and opening a channel to a host that vanished can wait for an hour."""
+    try:
+        with gevent.Timeout(timeout):
+            return h.run_shell_command(StringCommand(command), _sudo=bool(h.data.get("_sudo")),
+                                       _timeout=timeout)
+    except (gevent.Timeout, TimeoutError):
+        raise _MoveFailed(f"{h.name}: `{command}` got no answer in {timeout:.0f} s; is the host "
+                          "reachable?") from None
+    except Exception as exc:   # the connection itself failed: reset, closed, ...
+        raise _MoveFailed(f"{h.name}: `{command}` failed on the connection "
+                          f"({type(exc).__name__}: {exc}); is the host reachable?") from None
+
+
+def _run(h, command: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
+    ok, output = _shell(h, command, timeout)
     if not ok:
         raise _MoveFailed(f"{h.name}: `{command}` failed: {output.output[-600:]}")
     return output.stdout
@@ -102,14 +120,14 @@ def _run(h, command: str) -> str:
 def _gate(h, s: HostSettings, dep_name: str) -> tuple[bool, str]:
     dep = s.deployment(dep_name)
     serve = recipes.render(s, dep)
-    ok, output = h.run_shell_command(
-        StringCommand(gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)),
-        _sudo=bool(h.data.get("_sudo")), _timeout=dep.ready_timeout_s + 900)
+    ok, output = _shell(h, gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s),
+                        timeout=dep.ready_timeout_s + COMMAND_TIMEOUT_S)
     return ok, (output.stderr.strip().splitlines() or ["no output"])[-1]
 
 
-def _switch(h, move: Move, current: str, previous: str | None) -> None:
-    _run(h, rollout.stop(move.deployment))
+def _switch(h, move: Move, current: str, previous: str | None, s: HostSettings) -> None:
+    stop_s = s.deployment(move.deployment).shutdown_timeout_s + COMMAND_TIMEOUT_S
+    _run(h, rollout.stop(move.deployment), timeout=stop_s)
     _run(h, " && ".join(rollout.pointer_commands(move.deployment, current, previous)))
     _run(h, rollout.start(move.deployment))
 
@@ -120,6 +138,9 @@ def _move_host_reporting(h, moves: list[Move], s: HostSettings) -> str | None:
         _move_host(h, moves, s)
     except _MoveFailed as exc:
         return str(exc)
+    except Exception as exc:  # never let a surprise count as a finished move
+        logger.exception(f"    [{h.name}] move failed unexpectedly")
+        return f"{h.name}: move failed unexpectedly ({type(exc).__name__}: {exc})"
     return None
 
 
@@ -136,17 +157,19 @@ def _move_host(h, moves: list[Move], s: HostSettings) -> None:
         old_previous = before[1].rsplit("/", 1)[-1] if len(before) > 1 else None
         t0 = time.monotonic()
         logger.info(f"    [{h.name}] {move}: stopping (drain), switching, starting")
-        _switch(h, move, move.to_release, move.previous)
+        _switch(h, move, move.to_release, move.previous, s)
         ok, why = _gate(h, s, move.deployment)
         if ok:
             logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
                         f"after {time.monotonic() - t0:.0f} s")
             continue
         logger.warning(f"    [{h.name}] {move.deployment} failed its gate on {move.to_release}: {why}")
+        if old_current == move.to_release:   # resuming an interrupted move: back to what it left
+            old_current = old_previous if old_previous != move.to_release else None
         if old_current is None:
             raise _MoveFailed(f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
                               "it served nothing before, so it stays down")
-        _switch(h, move, old_current, old_previous)
+        _switch(h, move, old_current, old_previous, s)
         back, why_back = _gate(h, s, move.deployment)
         if s.proxy and back:
             _run(h, rollout.into_rotation(move.deployment))

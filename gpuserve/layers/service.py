@@ -133,6 +133,9 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
         server.shell(name=f"{name}: readiness gate (/health, /v1/models, chat"
                           + (", tool call)" if tools_enabled(serve) else ")"),
                      commands=[gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)])
+    if settings.proxy:  # serving: in the proxy's rotation, even if a killed rollout left it out
+        files.file(name=f"{name}: in the proxy's rotation (no drain flag)", path=rollout.drain_flag(name),
+                   present=False)
     return after.current, after.previous
 
 

@@ -43,3 +43,17 @@ def test_pointer_commands_are_atomic_renames_guarded_by_the_release():
     assert "mv -T /etc/gpuserve/minimax/.current.new /etc/gpuserve/minimax/current" in cmds[1]
     assert "releases/r1" in cmds[2] and cmds[2].endswith("/etc/gpuserve/minimax/previous")
     assert len(rollout.pointer_commands("minimax", "r1", None)) == 2
+
+
+def test_an_interrupted_move_is_resumed_not_skipped():
+    # killed after the switch: current is already the target, but the host is down or drained
+    m = upgrade_move("h1", "minimax", "r2", "r2", previous="r1", interrupted=True)
+    assert m is not None and m.resumes and (m.to_release, m.previous) == ("r2", "r1")
+    assert "interrupted rollout" in str(m)
+    assert upgrade_move("h1", "minimax", "r2", "r2", previous="r1", interrupted=False) is None
+    # killed before the switch: an ordinary move, previous becomes what it served
+    m = upgrade_move("h1", "minimax", "r1", "r2", previous="r0", interrupted=True)
+    assert not m.resumes and m.previous == "r1"
+    r = rollback_move("h1", "minimax", "r1", "r1", ["r1", "r2"], interrupted=True)
+    assert r.resumes and r.previous == "r1"
+    assert rollback_move("h1", "minimax", "r1", "r1", ["r1", "r2"]) is None

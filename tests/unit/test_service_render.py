@@ -95,3 +95,15 @@ def test_release_records_parser_skips_what_it_cannot_trust():
              "== vllm-broken", "{not json"]
     records = parse_release_records(lines)
     assert list(records) == [good.id]      # tampered content and unreadable JSON are left out
+
+
+def test_a_drained_or_stopped_deployment_counts_as_interrupted():
+    base = ["current: /etc/gpuserve/minimax/releases/r2", "previous: /etc/gpuserve/minimax/releases/r1",
+            "active: active", "enabled: enabled"]
+    assert not parse_deployment_state(base + ["drained: ", "health: 200"]).interrupted
+    drained = parse_deployment_state(base + ["drained: yes", "health: 200"])
+    assert drained.drained and drained.serving and drained.interrupted
+    stopped = ["current: /etc/gpuserve/minimax/releases/r2", "active: inactive", "drained: ", "health: 000"]
+    assert parse_deployment_state(stopped).interrupted
+    # nothing installed yet is not an interrupted rollout
+    assert not parse_deployment_state(["current: ", "active: ", "drained: ", "health: 000"]).interrupted
