@@ -53,6 +53,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from gpuserve.weights import hash_file
+
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -87,19 +89,11 @@ def is_lfs(path: str, size: int) -> bool:
 
 
 def git_blob_sha1(path: Path) -> str:
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return hash_file(str(path), git=True)[1]
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return hash_file(str(path))[0]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -260,7 +254,8 @@ class _HubState:
         with self.lock:
             hit = self._hash_cache.get(key)
         if hit is None:
-            hit = (git_blob_sha1(path), file_sha256(path))
+            sha256, blob = hash_file(str(path), git=True)   # one read for both
+            hit = (blob, sha256)
             with self.lock:
                 self._hash_cache[key] = hit
         return hit

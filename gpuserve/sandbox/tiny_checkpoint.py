@@ -23,11 +23,12 @@ not from numpy's distribution methods.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+from gpuserve.weights import hash_file
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"
 MODEL_TYPE = "qwen3_moe"
@@ -279,14 +280,6 @@ def _shard_tensors(specs, *, seed: int, shard_index: int, variant: int, dtype: s
     return tensors
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -353,7 +346,7 @@ def make_tiny_checkpoint(
         ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
          "model.safetensors.index.json", *shard_names]
     )
-    files = {name: {"size": (out / name).stat().st_size, "sha256": _sha256(out / name)} for name in names}
+    files = {name: {"size": (out / name).stat().st_size, "sha256": hash_file(str(out / name))[0]} for name in names}
     return {
         "path": str(out),
         "seed": seed,
