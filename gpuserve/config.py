@@ -339,7 +339,7 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
         rev = None
     source = c.one_of("model_source", MODEL_SOURCES)
     endpoint = c.get("hf_endpoint")
-    if endpoint is not None and not (isinstance(endpoint, str) and re.match(r"https?://\S+$", endpoint)):
+    if endpoint is not None and not (isinstance(endpoint, str) and re.fullmatch(r"https?://\S+", endpoint)):
         c.problem("hf_endpoint", f"{endpoint!r} is not an http(s) URL")
         endpoint = None
     local = c.get("model_local_path")
@@ -540,6 +540,9 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
                       "writes secrets to the 0600 env file from api_keys_file)", where[1])
         elif not isinstance(env_value, (str, int, float)) or isinstance(env_value, bool):
             c.problem(where[0], f"{env_value!r} is not allowed; use a string or number", where[1])
+        elif isinstance(env_value, str) and ("\n" in env_value or "\r" in env_value):
+            c.problem(where[0], f"{env_value!r} spans lines; a value in the service's env file "
+                      "must be one line", where[1])
     keys_file = values["api_keys_file"]
     if keys_file is not None and not (isinstance(keys_file, str) and keys_file):
         bad("api_keys_file", f"{keys_file!r} is not a path to a file on the control node")

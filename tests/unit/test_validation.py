@@ -328,6 +328,8 @@ def test_unknown_top_level_key_only_warns():
     ({"model_source": "s3"}, "model_source", "use one of huggingface, modelscope, local"),
     ({"model_source": "local"}, "model_local_path", "set model_local_path"),
     ({"hf_endpoint": "mirror"}, "hf_endpoint", "is not an http(s) URL"),
+    # a trailing newline would end up in the service's env file (HF_ENDPOINT=...)
+    ({"hf_endpoint": "http://mirror\n"}, "hf_endpoint", "is not an http(s) URL"),
     ({"model_repo": "no-slash"}, "model_repo", "is not a repository id"),
     ({"engine": "tgi"}, "engine", "use one of vllm, sglang"),
     ({"engine_version": 0.33}, "engine_version", "is not a version"),
@@ -340,6 +342,8 @@ def test_unknown_top_level_key_only_warns():
     ({"deployments": {}}, "deployments", "use a mapping of deployment name"),
     ({"deployments": {"Bad Name": {}}}, "deployments.Bad Name", "gpuserve-<name>.service"),
     ({"serve_env": {"1X": "y"}}, "serve_env.1X", "is not an environment variable name"),
+    # refused here, not when the env file is written halfway through preparing the deploy
+    ({"serve_env": {"A": "x\nLD_PRELOAD=/tmp/x.so"}}, "serve_env.A", "spans lines"),
     ({"recipe": "hopper"}, "recipe", "use one of blackwell_x4, cpu, hopper_x8, mi355x_x4"),
 ])
 def test_type_checks_name_the_key(data, key, text):
