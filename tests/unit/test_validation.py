@@ -130,6 +130,31 @@ def test_port_clash_between_deployments():
     assert "port 8000 on 0.0.0.0 clashes with deployment 'a' (127.0.0.1:8000)" in msg
 
 
+def test_two_proxy_fronts_on_one_port():
+    # nginx accepts both servers and sends every client of the second one to the first
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "proxy": True,
+                                             "api_keys_file": "keys", "deployments": {
+                                                 "a": {}, "b": {"serve_port": 8001}}})
+    msg = one_problem(inv)
+    assert msg.startswith("h1: deployments.b.proxy_port (from group 'fleet'): proxy_port 8443 on "
+                          "0.0.0.0 clashes with the proxy_port of deployment 'a' (0.0.0.0:8443)")
+
+
+def test_engine_port_taken_by_the_proxy():
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "proxy": True,
+                                             "api_keys_file": "keys"},
+                         host_data={"serve_port": 8443})
+    msg = one_problem(inv)
+    assert msg.startswith("h1: serve_port (from host data): serve_port 8443 on 127.0.0.1 clashes "
+                          "with the proxy_port of deployment 'minimax' (0.0.0.0:8443)")
+
+
+def test_proxy_ports_only_count_with_the_proxy_on():
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "deployments": {
+        "a": {}, "b": {"serve_port": 8001}}})
+    assert len(settings_of(inv).deployments) == 2
+
+
 def test_same_port_on_different_addresses_is_fine():
     inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "deployments": {
         "a": {"serve_host": "10.0.0.1"}, "b": {"serve_host": "10.0.0.2"}}})
