@@ -647,7 +647,8 @@ def _port_clash(c: _Checker, mine: tuple, other: tuple) -> None:
     a, key, a_host, port = mine
     b, b_key, b_host, b_port = other
     path, src = a.origin(key)
-    if not a.is_set(key):  # blame the entry that should set a port
+    shared = not path.startswith("deployments.")  # the top-level value, or the default
+    if shared and (a is not b or not a.is_set(key)):  # blame the entry that should set a port
         path, src = f"deployments.{a.name}.{key}", c.sources["deployments"]
     if key == b_key == "serve_port":
         c.problem(path, f"port {port} on {a_host} clashes with deployment {b.name!r} "

@@ -155,6 +155,15 @@ def test_proxy_ports_only_count_with_the_proxy_on():
     assert len(settings_of(inv).deployments) == 2
 
 
+def test_port_clash_blames_the_entry_not_the_shared_default():
+    # group_data/all.py sets serve_port = 8000 for every deployment: the entry lacks its own
+    inv = make_inventory(group="cpu", all_data={"serve_port": 8000}, fleet={
+        "model_revision": SHA, "deployments": {"a": {}, "b": {}}})
+    msg = one_problem(inv)
+    assert msg.startswith("h1: deployments.b.serve_port (from group 'fleet'): port 8000 on "
+                          "127.0.0.1 clashes with deployment 'a'")
+
+
 def test_same_port_on_different_addresses_is_fine():
     inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "deployments": {
         "a": {"serve_host": "10.0.0.1"}, "b": {"serve_host": "10.0.0.2"}}})
