@@ -339,7 +339,7 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
         rev = None
     source = c.one_of("model_source", MODEL_SOURCES)
     endpoint = c.get("hf_endpoint")
-    if endpoint is not None and not (isinstance(endpoint, str) and re.match(r"https?://\S+$", endpoint)):
+    if endpoint is not None and not (isinstance(endpoint, str) and re.fullmatch(r"https?://\S+", endpoint)):
         c.problem("hf_endpoint", f"{endpoint!r} is not an http(s) URL")
         endpoint = None
     local = c.get("model_local_path")
@@ -540,6 +540,9 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
                       "writes secrets to the 0600 env file from api_keys_file)", where[1])
         elif not isinstance(env_value, (str, int, float)) or isinstance(env_value, bool):
             c.problem(where[0], f"{env_value!r} is not allowed; use a string or number", where[1])
+        elif isinstance(env_value, str) and ("\n" in env_value or "\r" in env_value):
+            c.problem(where[0], f"{env_value!r} spans lines; a value in the service's env file "
+                      "must be one line", where[1])
     keys_file = values["api_keys_file"]
     if keys_file is not None and not (isinstance(keys_file, str) and keys_file):
         bad("api_keys_file", f"{keys_file!r} is not a path to a file on the control node")
@@ -589,7 +592,8 @@ def _is_host(value: str) -> bool:
         return bool(HOSTNAME.fullmatch(value))
 
 
-def _deployments(c: _Checker, model_repo: str | None) -> tuple[DeploymentSettings, ...] | None:
+def _deployments(c: _Checker, model_repo: str | None,
+                 proxy_bind: str | None) -> tuple[DeploymentSettings, ...] | None:
     deployments = c.get("deployments")
     src = c.sources["deployments"]
     if not isinstance(deployments, Mapping) or not deployments:
@@ -616,22 +620,43 @@ def _deployments(c: _Checker, model_repo: str | None) -> tuple[DeploymentSetting
             out.append(dep)
     if not ok:
         return None
-    _port_clashes(c, out)
+    _port_clashes(c, out, proxy_bind)
     return tuple(out)
 
 
-def _port_clashes(c: _Checker, deployments: list[DeploymentSettings]) -> None:
+def _port_clashes(c: _Checker, deployments: list[DeploymentSettings], proxy_bind: str | None) -> None:
+    """Every listener on the host needs its own address and port: each engine (serve_host:
+    serve_port) and, when the proxy is on (``proxy_bind`` set), each deployment's TLS front
+    (proxy_bind:proxy_port; nginx would quietly hand a second front on one port to the first)."""
     wildcard = ("0.0.0.0", "::")
-    for i, a in enumerate(deployments):
-        for b in deployments[:i]:
-            same = a.serve_host == b.serve_host or {a.serve_host, b.serve_host} & set(wildcard)
-            if a.serve_port == b.serve_port and same:
-                path, src = a.origin("serve_port")
-                if not a.is_set("serve_port"):  # blame the entry that should set a port
-                    path, src = f"deployments.{a.name}.serve_port", c.sources["deployments"]
-                c.problem(path, f"port {a.serve_port} on {a.serve_host} clashes with deployment "
-                          f"{b.name!r} ({b.serve_host}:{b.serve_port}); give each deployment its "
-                          "own serve_port", src)
+    listeners = [(d, "serve_port", d.serve_host, d.serve_port) for d in deployments]
+    if proxy_bind is not None:
+        listeners += [(d, "proxy_port", proxy_bind, d.proxy_port) for d in deployments]
+    for i, mine in enumerate(listeners):
+        for other in listeners[:i]:
+            same = mine[2] == other[2] or {mine[2], other[2]} & set(wildcard)
+            if mine[3] != other[3] or not same:
+                continue
+            if mine[1] != other[1] and not mine[0].is_set(mine[1]) and other[0].is_set(other[1]):
+                mine, other = other, mine  # blame the port that was set, not the default
+            _port_clash(c, mine, other)
+            break
+
+
+def _port_clash(c: _Checker, mine: tuple, other: tuple) -> None:
+    a, key, a_host, port = mine
+    b, b_key, b_host, b_port = other
+    path, src = a.origin(key)
+    shared = not path.startswith("deployments.")  # the top-level value, or the default
+    if shared and (a is not b or not a.is_set(key)):  # blame the entry that should set a port
+        path, src = f"deployments.{a.name}.{key}", c.sources["deployments"]
+    if key == b_key == "serve_port":
+        c.problem(path, f"port {port} on {a_host} clashes with deployment {b.name!r} "
+                  f"({b_host}:{b_port}); give each deployment its own serve_port", src)
+    else:
+        c.problem(path, f"{key} {port} on {a_host} clashes with the {b_key} of deployment "
+                  f"{b.name!r} ({b_host}:{b_port}); the engines and the proxy each need their "
+                  "own port", src)
 
 
 def _unknown_keys(c: _Checker) -> None:
@@ -669,7 +694,8 @@ def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettin
     level = _host_level(c)
     build = _engine_build(c)
     weights = _weights(c, model)
-    deployments = _deployments(c, model["model_repo"])
+    proxy_bind = level["proxy_bind"] if level["proxy"] is True else None
+    deployments = _deployments(c, model["model_repo"], proxy_bind)
     gpu_stack = _gpu_stack(c)
     if level.get("proxy") is True:
         for dep in deployments or ():

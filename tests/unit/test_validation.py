@@ -130,6 +130,40 @@ def test_port_clash_between_deployments():
     assert "port 8000 on 0.0.0.0 clashes with deployment 'a' (127.0.0.1:8000)" in msg
 
 
+def test_two_proxy_fronts_on_one_port():
+    # nginx accepts both servers and sends every client of the second one to the first
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "proxy": True,
+                                             "api_keys_file": "keys", "deployments": {
+                                                 "a": {}, "b": {"serve_port": 8001}}})
+    msg = one_problem(inv)
+    assert msg.startswith("h1: deployments.b.proxy_port (from group 'fleet'): proxy_port 8443 on "
+                          "0.0.0.0 clashes with the proxy_port of deployment 'a' (0.0.0.0:8443)")
+
+
+def test_engine_port_taken_by_the_proxy():
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "proxy": True,
+                                             "api_keys_file": "keys"},
+                         host_data={"serve_port": 8443})
+    msg = one_problem(inv)
+    assert msg.startswith("h1: serve_port (from host data): serve_port 8443 on 127.0.0.1 clashes "
+                          "with the proxy_port of deployment 'minimax' (0.0.0.0:8443)")
+
+
+def test_proxy_ports_only_count_with_the_proxy_on():
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "deployments": {
+        "a": {}, "b": {"serve_port": 8001}}})
+    assert len(settings_of(inv).deployments) == 2
+
+
+def test_port_clash_blames_the_entry_not_the_shared_default():
+    # group_data/all.py sets serve_port = 8000 for every deployment: the entry lacks its own
+    inv = make_inventory(group="cpu", all_data={"serve_port": 8000}, fleet={
+        "model_revision": SHA, "deployments": {"a": {}, "b": {}}})
+    msg = one_problem(inv)
+    assert msg.startswith("h1: deployments.b.serve_port (from group 'fleet'): port 8000 on "
+                          "127.0.0.1 clashes with deployment 'a'")
+
+
 def test_same_port_on_different_addresses_is_fine():
     inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "deployments": {
         "a": {"serve_host": "10.0.0.1"}, "b": {"serve_host": "10.0.0.2"}}})
@@ -328,6 +362,8 @@ def test_unknown_top_level_key_only_warns():
     ({"model_source": "s3"}, "model_source", "use one of huggingface, modelscope, local"),
     ({"model_source": "local"}, "model_local_path", "set model_local_path"),
     ({"hf_endpoint": "mirror"}, "hf_endpoint", "is not an http(s) URL"),
+    # a trailing newline would end up in the service's env file (HF_ENDPOINT=...)
+    ({"hf_endpoint": "http://mirror\n"}, "hf_endpoint", "is not an http(s) URL"),
     ({"model_repo": "no-slash"}, "model_repo", "is not a repository id"),
     ({"engine": "tgi"}, "engine", "use one of vllm, sglang"),
     ({"engine_version": 0.33}, "engine_version", "is not a version"),
@@ -340,6 +376,8 @@ def test_unknown_top_level_key_only_warns():
     ({"deployments": {}}, "deployments", "use a mapping of deployment name"),
     ({"deployments": {"Bad Name": {}}}, "deployments.Bad Name", "gpuserve-<name>.service"),
     ({"serve_env": {"1X": "y"}}, "serve_env.1X", "is not an environment variable name"),
+    # refused here, not when the env file is written halfway through preparing the deploy
+    ({"serve_env": {"A": "x\nLD_PRELOAD=/tmp/x.so"}}, "serve_env.A", "spans lines"),
     ({"recipe": "hopper"}, "recipe", "use one of blackwell_x4, cpu, hopper_x8, mi355x_x4"),
 ])
 def test_type_checks_name_the_key(data, key, text):
