@@ -274,7 +274,9 @@ def _python_version(c: _Checker) -> str | None:
     value = c.get("python_version")
     text = repr(value) if isinstance(value, float) else value  # --data python_version=3.12
     if text not in PYTHON_VERSIONS:
-        c.problem("python_version", f"{value!r} is outside 3.11-3.14; use one of "
+        hint = (" (it arrived as a number, which drops a trailing zero: 3.10 reads as 3.1)"
+                if isinstance(value, float) else "")
+        c.problem("python_version", f"{value!r} is outside 3.11-3.14{hint}; use one of "
                   f"{', '.join(PYTHON_VERSIONS)} (as a string)")
         return None
     return text

@@ -436,3 +436,9 @@ def test_settings_are_frozen():
         s.recipe = "cpu"  # type: ignore[misc]
     with pytest.raises(TypeError):
         s.deployments[0].serve_flags["x"] = 1  # type: ignore[index]
+
+
+def test_python_version_310_given_as_a_number_says_why_it_reads_31():
+    msg = one_problem(make_inventory(override={"python_version": 3.10}))  # --data python_version=3.10
+    assert msg.startswith("h1: python_version (from --data): 3.1 is outside 3.11-3.14")
+    assert "drops a trailing zero" in msg
