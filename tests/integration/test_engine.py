@@ -132,6 +132,7 @@ def test_gpu_recipe_plans_the_kernel_download(sandbox, host):
     assert gpu.id not in envs(sandbox, host)  # --dry changed nothing
 
 
+@pytest.mark.faults
 def test_pin_change_killed_mid_build_then_rerun(sandbox, host, pyinfra, wheel_set):
     old, new = spec(wheel_set), spec(wheel_set, KEEP_TRITON)
     assert old.id != new.id

@@ -99,6 +99,7 @@ def test_branch_bump_upgrades_and_holds_again(sandbox, hosts, pyinfra):
     assert again.changed == 0, again.output[-4000:]
 
 
+@pytest.mark.faults
 def test_a_needed_reboot_that_is_not_allowed_fails_the_host_clearly(sandbox, hosts, pyinfra):
     host = hosts["hopper_x8:no-nvswitch"]
     run = pyinfra(INVENTORY, DEPLOY, "--limit", host.name, "--data", "nvidia_driver_version=590.48.01",
@@ -113,6 +114,7 @@ def test_a_needed_reboot_that_is_not_allowed_fails_the_host_clearly(sandbox, hos
     assert "nvidia-open" in s["held"]
 
 
+@pytest.mark.faults
 def test_fabric_manager_drift_is_refused_then_repaired_by_a_converge(sandbox, hosts, pyinfra):
     host = hosts["blackwell_x4"]
     drift = sandbox.ssh(host, "apt-get install -y -q --allow-change-held-packages --allow-downgrades "
@@ -128,6 +130,7 @@ def test_fabric_manager_drift_is_refused_then_repaired_by_a_converge(sandbox, ho
     assert s["active"]["nvidia-fabricmanager"] == "active" and s["cuda"] == "count 4"
 
 
+@pytest.mark.faults
 def test_a_missing_gpu_fails_the_converge_naming_host_and_gpu(sandbox, hosts, pyinfra):
     host = hosts["blackwell_x4"]
     sandbox.ssh(host, "python3 -c \"import json; p = '/etc/gpuserve-sim/hardware.json'; h = json.load(open(p)); "

@@ -7,13 +7,11 @@ previous one left, as it would in production.
 
 import json
 import re
-import ssl
-import urllib.error
-import urllib.request
 
 import pytest
 
 from gpuserve import layout
+from gpuserve.sandbox import fleet as fleet_view
 from gpuserve.sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
 from gpuserve.sandbox.loadloop import LoadLoop
 from gpuserve.sandbox.services import api_keys_path
@@ -36,35 +34,19 @@ def fleet(make_hosts, sandbox, sandbox_hub, tmp_path_factory):
 
 
 def _key(sandbox) -> str:
-    return api_keys_path(sandbox.state_dir).read_text().split()[0]
+    return fleet_view.client_key(sandbox)
 
 
 def _pointers(sandbox, h) -> tuple[str, str]:
-    out = sandbox.ssh(h, f"readlink {layout.current_link(DEP)}; readlink {layout.previous_link(DEP)}"
-                      " || true").stdout.split()
-    return tuple(p.rsplit("/", 1)[-1] for p in out) + ("",) * (2 - len(out))
+    return fleet_view.pointers(sandbox, h, DEP)
 
 
 def _main_pid(sandbox, h) -> str:
-    return sandbox.ssh(h, f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+    return fleet_view.main_pid(sandbox, h, DEP)
 
 
 def _proxy(fleet, sandbox, h, path, key=None, body=None):
-    ca = fleet["certs"] / f"{h.name}.crt"
-    if not ca.exists():
-        ca.write_text(sandbox.ssh(h, "cat /etc/nginx/gpuserve/tls.crt").stdout)
-    ctx = ssl.create_default_context(cafile=str(ca))
-    ctx.check_hostname = False
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(f"https://{h.ip}:8443{path}", headers=headers,
-                                 data=json.dumps(body).encode() if body is not None else None)
-    try:
-        with urllib.request.urlopen(req, timeout=120, context=ctx) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    return fleet_view.proxy_request(sandbox, h, fleet["certs"], path, key, body)
 
 
 def test_full_converge_serves_a_real_model_through_the_proxy(fleet, sandbox, pyinfra, testinfra_host):
@@ -151,11 +133,7 @@ def test_key_rotation_reloads_the_proxy_without_restarting_the_engine(fleet, san
 
 
 def _endpoints(fleet, sandbox):
-    out = {}
-    for h in fleet["hosts"]:
-        _proxy(fleet, sandbox, h, "/health")   # fetches and pins the host's certificate
-        out[h.name] = (f"https://{h.ip}:8443", str(fleet["certs"] / f"{h.name}.crt"))
-    return out
+    return fleet_view.endpoints(sandbox, fleet["hosts"], fleet["certs"])
 
 
 def test_upgrade_rolls_host_by_host_with_zero_failed_requests(fleet, sandbox, pyinfra):
@@ -177,6 +155,7 @@ def test_upgrade_rolls_host_by_host_with_zero_failed_requests(fleet, sandbox, py
     assert again.changed == 0 and "Rolling upgrade" not in again.output
 
 
+@pytest.mark.faults
 def test_a_release_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(fleet, sandbox, pyinfra):
     first, second = fleet["hosts"]
     untouched_pid = _main_pid(sandbox, second)

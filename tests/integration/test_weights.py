@@ -146,6 +146,7 @@ def test_a_revision_bump_moves_only_the_changed_shard_and_keeps_the_previous(san
           f"{[m['bytes'] for m in moved.values()]} per host")
 
 
+@pytest.mark.faults
 def test_a_flipped_byte_is_caught_and_only_that_file_is_repaired(sandbox, hosts, revs, converge,
                                                                    sandbox_hub):
     v0, v1 = revs[0], revs[1]
@@ -170,6 +171,7 @@ def test_a_flipped_byte_is_caught_and_only_that_file_is_repaired(sandbox, hosts,
     assert converge("--data", f"model_revision={v1['sha']}").changed == 0
 
 
+@pytest.mark.faults
 def test_kill_9_mid_transfer_then_rerun_ends_verified(sandbox, hosts, sandbox_hub, cache, converge,
                                                       tmp_path):
     # a bigger revision (33 MB, every shard new), sent at 4 MiB/s: time to kill it mid-transfer
@@ -213,6 +215,7 @@ def test_kill_9_mid_transfer_then_rerun_ends_verified(sandbox, hosts, sandbox_hu
           f"{[m['bytes'] for m in moved.values()]}")
 
 
+@pytest.mark.faults
 def test_a_full_disk_is_refused_before_any_download(sandbox, hosts, revs, cache, converge, sandbox_hub):
     v3 = revs[3]
     run = converge("--data", f"model_revision={v3['sha']}", "--data", "weights_free_margin_gib=1000000",
@@ -229,6 +232,7 @@ def test_a_full_disk_is_refused_before_any_download(sandbox, hosts, revs, cache,
     assert "No hosts remaining" in run.output  # both refused at the first weights operation
 
 
+@pytest.mark.faults
 def test_hub_errors_fail_clearly_and_leave_nothing_half_done(sandbox, hosts, revs, cache, converge,
                                                               sandbox_hub):
     v4 = revs[4]
@@ -260,6 +264,7 @@ def test_per_host_hub_downloads_fetch_only_what_each_host_lacks(sandbox, hosts, 
     assert run.errors == 0
 
 
+@pytest.mark.faults
 def test_corruption_that_keeps_size_and_mtime_needs_a_full_verify(sandbox, hosts, revs, converge):
     """What the cheap default does not catch, and the key that does (docs/weights.md)."""
     v5 = revs[5]

@@ -1,0 +1,70 @@
+"""Looking at a served sandbox fleet from this machine, as its clients and operators would:
+release pointers, the engine's PID, requests through each host's proxy (TLS pinned to the host's
+own certificate). Used by the end-to-end tests, the fault suite and the benches."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from gpuserve import layout
+from gpuserve.sandbox.hosts import Sandbox, SandboxHost
+from gpuserve.sandbox.services import api_keys_path
+
+PROXY_PORT = 8443   # group_data/all.py's proxy_port
+
+
+def client_key(sandbox: Sandbox) -> str:
+    """The first client API key the sandbox's proxies accept."""
+    return api_keys_path(sandbox.state_dir).read_text().split()[0]
+
+
+def pointers(sandbox: Sandbox, host: SandboxHost, deployment: str) -> tuple[str, str]:
+    """(current, previous) release ids of a deployment; "" where a pointer is missing."""
+    out = sandbox.ssh(host, f"readlink {layout.current_link(deployment)}; "
+                            f"readlink {layout.previous_link(deployment)} || true").stdout.split()
+    ids = [p.rsplit("/", 1)[-1] for p in out]
+    return (ids + ["", ""])[0], (ids + ["", ""])[1]
+
+
+def main_pid(sandbox: Sandbox, host: SandboxHost, deployment: str) -> str:
+    unit = layout.unit_name(deployment)
+    return sandbox.ssh(host, f"systemctl show -p MainPID --value {unit}").stdout.strip()
+
+
+def host_ca(sandbox: Sandbox, host: SandboxHost, certs: Path) -> Path:
+    """The host's proxy certificate (self-signed on sandbox hosts), fetched once over SSH."""
+    ca = certs / f"{host.name}.crt"
+    if not ca.exists():
+        ca.write_text(sandbox.ssh(host, "cat /etc/nginx/gpuserve/tls.crt").stdout)
+    return ca
+
+
+def proxy_request(sandbox: Sandbox, host: SandboxHost, certs: Path, path: str, key: str | None = None,
+                  body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
+    """(HTTP status, body) of one request to the host's proxy."""
+    ctx = ssl.create_default_context(cafile=str(host_ca(sandbox, host, certs)))
+    ctx.check_hostname = False   # pinned to the host's own certificate instead of a name
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(f"https://{host.ip}:{PROXY_PORT}{path}", headers=headers,
+                                 data=json.dumps(body).encode() if body is not None else None)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def chat(sandbox: Sandbox, host: SandboxHost, certs: Path, key: str, model: str) -> tuple[int, str]:
+    return proxy_request(sandbox, host, certs, "/v1/chat/completions", key, {
+        "model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})
+
+
+def endpoints(sandbox: Sandbox, hosts: list[SandboxHost], certs: Path) -> dict[str, tuple[str, str]]:
+    """What gpuserve.sandbox.loadloop.LoadLoop takes: host name -> (proxy URL, CA file)."""
+    return {h.name: (f"https://{h.ip}:{PROXY_PORT}", str(host_ca(sandbox, h, certs))) for h in hosts}
