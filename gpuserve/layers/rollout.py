@@ -168,7 +168,8 @@ def _move_host(h, moves: list[Move], s: HostSettings) -> None:
             old_current = old_previous if old_previous != move.to_release else None
         if old_current is None:
             raise _MoveFailed(f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
-                              "it served nothing before, so it stays down")
+                              + ("no other release to go back to" if move.resumes
+                                 else "it served nothing before") + ", so it stays down")
         _switch(h, move, old_current, old_previous, s)
         back, why_back = _gate(h, s, move.deployment)
         if s.proxy and back:
