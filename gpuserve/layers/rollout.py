@@ -90,6 +90,12 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
             raise OperationError(
                 f"{kind} halted in batch {i}/{len(plan)}: " + "; ".join(errors)
                 + (f". Not reached, still on their release: {', '.join(untouched)}" if untouched else ""))
+        settle = max((settings[name].drain_s for name in by_host if settings[name].proxy), default=0)
+        if i < len(plan) and settle:
+            # load balancers see a host come back only at their next health check: without this
+            # wait the next batch could leave the drained hosts and the returning ones both out
+            logger.info(f"    waiting {settle} s for load balancers to send to batch {i} again")
+            time.sleep(settle)
 
 
 COMMAND_TIMEOUT_S = 60   # a step of a move other than stop and the gate; bounds an unreachable host

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 
 TIMED_OUT = -1
-UNHEALTHY_AFTER = 3   # consecutive health-check timeouts before a host leaves the rotation
+SLOW_OUT_AFTER_S = 10  # seconds of unanswered health checks before a host leaves the rotation
 
 
 @dataclass
@@ -30,6 +30,7 @@ class LoadStats:
     failures: list[str] = field(default_factory=list)
     min_in_rotation: int | None = None
     by_host: dict[str, int] = field(default_factory=dict)
+    rotation: list[str] = field(default_factory=list)   # "HH:MM:SS host in|out (why)"
 
 
 class LoadLoop:
@@ -48,6 +49,7 @@ class LoadLoop:
         self.workers = workers
         self.stats = LoadStats()
         self._in_rotation: set[str] = set()
+        self._checked: set[str] = set()   # hosts checked at least once
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -73,24 +75,35 @@ class LoadLoop:
         except OSError:
             return 0
 
-    def _health(self) -> None:
-        slow = {n: 0 for n in self.endpoints}
+    def _health(self, name: str) -> None:
+        """One host's health check, on its own thread like a balancer's: a slow answer from one
+        host never delays noticing that another was drained."""
+        slow_since = None
         while not self._stop.is_set():
-            up = set()
-            for name in self.endpoints:
-                status = self._get(name, "/health", timeout=2)
-                # like a balancer's health check: an answer other than 200 (503 while drained)
-                # or a refused connection takes the host out at once; a host that is merely
-                # slow to answer (2 busy cores) goes out only after UNHEALTHY_AFTER timeouts
-                slow[name] = slow[name] + 1 if status == TIMED_OUT else 0
-                if status == 200 or (status == TIMED_OUT and slow[name] < UNHEALTHY_AFTER
-                                     and name in self._in_rotation):
-                    up.add(name)
+            status = self._get(name, "/health", timeout=2)
+            now = time.monotonic()
+            # an answer other than 200 (503 while drained) or a refused connection takes the host
+            # out at once; a host that is merely slow to answer (4 hosts share 2 busy cores here)
+            # goes out only when it has not answered for SLOW_OUT_AFTER_S
+            slow_since = (slow_since or now) if status == TIMED_OUT else None
             with self._lock:
-                self._in_rotation = up
-                if self.stats.sent:   # count from the first request on
+                was = name in self._in_rotation
+                up = status == 200 or (status == TIMED_OUT and was
+                                       and now - slow_since < SLOW_OUT_AFTER_S)
+                if up:
+                    self._in_rotation.add(name)
+                else:
+                    self._in_rotation.discard(name)
+                if was != up and self.stats.sent:
+                    why = ("health 200" if up else
+                           "no answer" if status == TIMED_OUT else f"health {status}")
+                    self.stats.rotation.append(
+                        f"{time.strftime('%H:%M:%S')} {name} {'in' if up else 'out'} ({why})")
+                self._checked.add(name)
+                if self.stats.sent and self._checked == set(self.endpoints):  # from the first request on
                     low = self.stats.min_in_rotation
-                    self.stats.min_in_rotation = len(up) if low is None else min(low, len(up))
+                    count = len(self._in_rotation)
+                    self.stats.min_in_rotation = count if low is None else min(low, count)
             self._stop.wait(self.health_interval)
 
     def _client(self, offset: int) -> None:
@@ -125,7 +138,8 @@ class LoadLoop:
         raise TimeoutError(f"not every host is in rotation after {timeout} s: {sorted(self._in_rotation)}")
 
     def __enter__(self) -> "LoadLoop":
-        self._threads = [threading.Thread(target=self._health, daemon=True)]
+        self._threads = [threading.Thread(target=self._health, args=(name,), daemon=True)
+                         for name in self.endpoints]
         self._threads += [threading.Thread(target=self._client, args=(k,), daemon=True)
                           for k in range(self.workers)]
         for t in self._threads:
