@@ -13,20 +13,13 @@ Side by side, on the same hosts, with deploys/weights.py (the weights layer alon
 
 from __future__ import annotations
 
-import re
-
 from benchfleet import SANDBOX_SEED, arguments, fleet, table
 
 from gpuserve import layout
+from gpuserve.sandbox.fleet import rx_bytes, wire
 
 NVME = "/srv/nvme"  # group_data/sandbox.py
 HIDDEN = 1024
-_WIRE = re.compile(r"\[(sandbox-\d+)\] checkpoint \S+ (?:verified|repaired|re-verified) in \S+: \d+ file\(s\) "
-                   r"received \((\d+) bytes over the wire\)")
-
-
-def rx_bytes(f, host) -> int:
-    return int(f.sandbox.ssh(host, r"sed -n 's/^ *eth0: *\([0-9]*\).*/\1/p' /proc/net/dev").stdout)
 
 
 def main() -> None:
@@ -56,12 +49,12 @@ def main() -> None:
         sha_a1, a1 = f.publish(repo=repo, variant=1, hidden_size=HIDDEN)
         varied = a1["varied_shard"]
         changed = a1["files"][varied]["size"]
-        before = {h.name: rx_bytes(f, h) for h in f.hosts}
+        before = {h.name: rx_bytes(f.sandbox, h) for h in f.hosts}
         f.hub.reset_stats()
         run = f.pyinfra("deploys/weights.py", "--data", f"model_repo={repo}", "--data",
                         f"model_revision={sha_a1}")
-        rsync = {m[0]: int(m[1]) for m in _WIRE.findall(run.output)}
-        eth0 = {h.name: rx_bytes(f, h) - before[h.name] for h in f.hosts}
+        rsync = {name: moved["bytes"] for name, moved in wire(run.output).items()}
+        eth0 = {h.name: rx_bytes(f.sandbox, h) - before[h.name] for h in f.hosts}
         repo_dir = layout.model_repo_dir(NVME, repo)
         extra = []
         for h in f.hosts:

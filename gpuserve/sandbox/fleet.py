@@ -5,6 +5,7 @@ own certificate). Used by the end-to-end tests, the fault suite and the benches.
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import urllib.error
 import urllib.request
@@ -68,3 +69,18 @@ def chat(sandbox: Sandbox, host: SandboxHost, certs: Path, key: str, model: str)
 def endpoints(sandbox: Sandbox, hosts: list[SandboxHost], certs: Path) -> dict[str, tuple[str, str]]:
     """What gpuserve.sandbox.loadloop.LoadLoop takes: host name -> (proxy URL, CA file)."""
     return {h.name: (f"https://{h.ip}:{PROXY_PORT}", str(host_ca(sandbox, h, certs))) for h in hosts}
+
+
+_WIRE = re.compile(r"\[(sandbox-\d+)\] checkpoint \S+ (verified|repaired|re-verified) in \S+: (\d+) file\(s\) "
+                   r"received \((\d+) bytes over the wire\), (\d+) hardlinked")
+
+
+def wire(output: str) -> dict[str, dict[str, int | str]]:
+    """What the weights layer reported moving, per host, from a pyinfra run's output."""
+    return {m[0]: {"how": m[1], "files": int(m[2]), "bytes": int(m[3]), "linked": int(m[4])}
+            for m in _WIRE.findall(output)}
+
+
+def rx_bytes(sandbox: Sandbox, host: SandboxHost) -> int:
+    """Bytes the host's eth0 received (/proc/net/dev is per network namespace; /sys here is not)."""
+    return int(sandbox.ssh(host, r"sed -n 's/^ *eth0: *\([0-9]*\).*/\1/p' /proc/net/dev").stdout)

@@ -19,6 +19,7 @@ import pytest
 
 from gpuserve import layout
 from gpuserve import weights as w
+from gpuserve.sandbox.fleet import rx_bytes, wire
 from gpuserve.sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
 from gpuserve.sandbox.runner import REPO
 
@@ -28,8 +29,6 @@ INVENTORY, DEPLOY = "inventories/sandbox.py", "deploys/weights.py"
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")  # anything that forgets endpoint= fails
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-_WIRE = re.compile(r"\[(sandbox-\d+)\] checkpoint \S+ (verified|repaired|re-verified) in \S+: (\d+) file\(s\) "
-                   r"received \((\d+) bytes over the wire\), (\d+) hardlinked")
 
 
 @pytest.fixture(scope="module")
@@ -62,22 +61,12 @@ def converge(pyinfra, cache, sandbox_hub):
     return go
 
 
-def wire(output: str) -> dict[str, dict[str, int | str]]:
-    return {m[0]: {"how": m[1], "files": int(m[2]), "bytes": int(m[3]), "linked": int(m[4])}
-            for m in _WIRE.findall(output)}
-
-
 def op_row(output: str, name: str) -> tuple[int, int, int]:
     """(success, error, no change) of one operation in pyinfra's results table."""
     m = re.search(rf"^\s*Weights \| {re.escape(name)} \S+\s+\d+\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$",
                   output, re.M)
     assert m, output[-3000:]
     return tuple(0 if v == "-" else int(v) for v in m.groups())
-
-
-def rx_bytes(sandbox, host) -> int:
-    """Bytes the host's eth0 received (/proc/net/dev is per network namespace; /sys here is not)."""
-    return int(sandbox.ssh(host, r"sed -n 's/^ *eth0: *\([0-9]*\).*/\1/p' /proc/net/dev").stdout)
 
 
 def sums(sandbox, host, sha: str) -> dict[str, str]:
