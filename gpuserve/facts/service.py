@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyinfra.api import FactBase
 
 from gpuserve import layout
 from gpuserve.rollout import drain_flag
+
+if TYPE_CHECKING:
+    from gpuserve.releases import Release
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class Deployment(FactBase):
         return parse_deployment_state(output)
 
 
-def parse_release_records(lines: list[str]) -> dict[str, "Release"]:
+def parse_release_records(lines: list[str]) -> dict[str, Release]:
     """``== <id>`` followed by that release's release.json; unreadable records are left out
     (retention never removes what it cannot read)."""
     from gpuserve.releases import Release

@@ -72,6 +72,21 @@ def pid_alive(pidfile: Path) -> int | None:
         return None
 
 
+def signal_pidfile(pidfile: Path, sig: int) -> int | None:
+    """Send sig to the process named in pidfile; the pid it reached, or None when it is gone.
+
+    A process can exit between the check and the signal (lxcfs leaves as soon as its mount is
+    unmounted), so "no such process" is the outcome we wanted, not an error.
+    """
+    pid = pid_alive(pidfile)
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return None
+    return pid
+
+
 def ensure_apt_cache(instance: int, state_dir: Path, mirror: str) -> str:
     """Start this instance's apt-cacher-ng on the bridge address (its cache persists on disk)."""
     addr = bridge_ip(instance)
@@ -111,9 +126,7 @@ def ensure_apt_cache(instance: int, state_dir: Path, mirror: str) -> str:
 def stop_apt_cache(state_dir: Path) -> None:
     acng = state_dir / "acng"
     for name in ("pid", "launcher.pid"):
-        pid = pid_alive(acng / name)
-        if pid:
-            os.kill(pid, signal.SIGTERM)
+        signal_pidfile(acng / name, signal.SIGTERM)
         (acng / name).unlink(missing_ok=True)
 
 
@@ -143,9 +156,7 @@ def ensure_lxcfs(root: Path) -> Path | None:
         return mnt
     if _listed_as_mount(mnt):
         log(f"lxcfs on {mnt} no longer answers (its process is gone); detaching it and starting lxcfs again")
-        pid = pid_alive(root / "lxcfs.pid")
-        if pid:
-            os.kill(pid, signal.SIGKILL)
+        signal_pidfile(root / "lxcfs.pid", signal.SIGKILL)
         run(["umount", "-l", str(mnt)], check=False)
     binary = shutil.which("lxcfs")
     if not binary:
@@ -165,7 +176,5 @@ def ensure_lxcfs(root: Path) -> Path | None:
 
 def stop_lxcfs(root: Path) -> None:
     mnt = root / "lxcfs"
-    pid = pid_alive(root / "lxcfs.pid")
     run(["umount", str(mnt)], check=False)
-    if pid:
-        os.kill(pid, signal.SIGTERM)
+    signal_pidfile(root / "lxcfs.pid", signal.SIGTERM)   # lxcfs usually leaves by itself once unmounted

@@ -98,7 +98,5 @@ def start_hub(state_dir: Path, instance: int) -> str:
 
 
 def stop_hub(state_dir: Path) -> None:
-    pid = network.pid_alive(state_dir / "hub" / "server.pid")
-    if pid:
-        os.kill(pid, signal.SIGTERM)
+    network.signal_pidfile(state_dir / "hub" / "server.pid", signal.SIGTERM)
     (state_dir / "hub" / "server.pid").unlink(missing_ok=True)

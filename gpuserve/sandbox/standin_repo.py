@@ -376,7 +376,5 @@ def _serve(base: Path, addr: str) -> None:
 
 def stop(state_dir: Path) -> None:
     pidfile = state_dir / "standin-repo" / "server.pid"
-    pid = network.pid_alive(pidfile)
-    if pid:
-        os.kill(pid, signal.SIGTERM)
+    network.signal_pidfile(pidfile, signal.SIGTERM)
     pidfile.unlink(missing_ok=True)

@@ -1,6 +1,5 @@
 """The simulated GPU side of sandbox hosts, checked without booting anything."""
 
-import json
 import os
 import subprocess
 import sys
