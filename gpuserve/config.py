@@ -551,8 +551,11 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
     elif keys_file is not None and not Path(keys_file).is_file():
         c.warnings.append(f"{path}: api_keys_file {keys_file} does not exist on this control node "
                           "yet; the service layer needs it")
-    for key in ("serve_flags", "serve_env"):
-        _scan_values(c, values[key], origins[key][0], origins[key][1])
+    for key in DEPLOYMENT_DEFAULTS:
+        # the entry's own values, and the two mappings it may inherit (the other inherited
+        # values were scanned where they were set)
+        if key in entry or key in ("serve_flags", "serve_env"):
+            _scan_values(c, values[key], origins[key][0], origins[key][1])
     if len(c.problems) > before:
         return None
     return DeploymentSettings(

@@ -313,6 +313,13 @@ def test_bad_flag_value_type():
      "serve_flags.chat-template", "host data"),
     (make_inventory(host_data={"hf_endpoint": "https://mirror/hf_abcdefghijklmnopqrstu"}),
      "hf_endpoint", "host data"),
+    # a deployment entry's own values, not only its flags and env
+    (make_inventory(group_data={"deployments": {"m": {"served_model_name":
+                                                      "sk-abcdefghijklmnop1234"}}}),
+     "deployments.m.served_model_name", "group 'hopper_x8'"),
+    (make_inventory(group_data={"deployments": {"m": {"serve_flags": {
+        "chat-template": "hf_abcdefghijklmnopqrstu"}}}}),
+     "deployments.m.serve_flags.chat-template", "group 'hopper_x8'"),
 ])
 def test_secrets_given_inline(inventory, key, source):
     msg = one_problem(inventory)
