@@ -310,7 +310,7 @@ class Sandbox:
         pidfile = hdir / "nspawn.pid"
         pid = _alive(pidfile)
         if pid:
-            os.kill(pid, signal.SIGTERM)  # orderly poweroff of the host's systemd
+            network.signal_pid(pid, signal.SIGTERM)  # orderly poweroff of the host's systemd
             for _ in range(100):
                 if not _alive(pidfile):
                     break
@@ -318,7 +318,7 @@ class Sandbox:
             else:
                 log(f"{host.name}: no orderly shutdown after 20 s, killing it")
                 run(["pkill", "-KILL", "-P", str(pid)], check=False)
-                os.kill(pid, signal.SIGKILL)
+                network.signal_pid(pid, signal.SIGKILL)   # its loop may have left with nspawn
                 time.sleep(0.5)
         root = hdir / "root"
         if run(["mountpoint", "-q", str(root)], check=False).returncode == 0:

@@ -72,19 +72,23 @@ def pid_alive(pidfile: Path) -> int | None:
         return None
 
 
-def signal_pidfile(pidfile: Path, sig: int) -> int | None:
-    """Send sig to the process named in pidfile; the pid it reached, or None when it is gone.
+def signal_pid(pid: int, sig: int) -> bool:
+    """Send sig to pid; False when the process is gone.
 
-    A process can exit between the check and the signal (lxcfs leaves as soon as its mount is
-    unmounted), so "no such process" is the outcome we wanted, not an error.
+    A process can exit between a check and the signal (lxcfs leaves as soon as its mount is
+    unmounted), so for a stop "no such process" is the outcome we wanted, not an error.
     """
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def signal_pidfile(pidfile: Path, sig: int) -> int | None:
+    """Send sig to the process named in pidfile; the pid it reached, or None when it is gone."""
     pid = pid_alive(pidfile)
-    if pid:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return None
-    return pid
+    return pid if pid and signal_pid(pid, sig) else None
 
 
 def ensure_apt_cache(instance: int, state_dir: Path, mirror: str) -> str:

@@ -30,7 +30,6 @@ os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")  # anything that forg
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
-
 @pytest.fixture(scope="module")
 def hosts(make_hosts, sandbox_hub):
     return make_hosts(["cpu", "cpu"])
