@@ -23,6 +23,7 @@ from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
+from gpuserve.values import addresses_overlap, host_path_problem, key_file_problem, url_problem
 
 if TYPE_CHECKING:
     from pyinfra.api import Host, Inventory
@@ -121,6 +122,8 @@ SECRET_KEYS = {"api_key", "api_keys", "vllm_api_key", "sglang_api_key", "admin_a
 SECRET_ENV_NAME = re.compile(r"API_KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 SECRET_VALUE = re.compile(r"(sk-|hf_|ms-)[A-Za-z0-9_-]{16,}")
 INLINE = "secrets given inline: put the key in a file on the control node and set api_keys_file"
+# serve flags that set a parallel size: a positive whole number (vLLM and SGLang spellings)
+PARALLEL_FLAG = re.compile(r"(.+-parallel-size(-local)?|tp-size|pp-size|dp-size|ep-size)")
 
 
 def data_source(host: Host, key: str) -> str:
@@ -232,8 +235,9 @@ class HostSettings:
 class _Checker:
     """Reads one host's data and collects problems instead of stopping at the first."""
 
-    def __init__(self, host: Host):
+    def __init__(self, host: Host, deploying: bool = False):
         self.host = host
+        self.deploying = deploying  # a pyinfra run: what only a deploy needs must exist now
         self.name = host.name
         self.problems: list[Problem] = []
         self.warnings: list[str] = []
@@ -341,9 +345,11 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
         rev = None
     source = c.one_of("model_source", MODEL_SOURCES)
     endpoint = c.get("hf_endpoint")
-    if endpoint is not None and not (isinstance(endpoint, str) and re.fullmatch(r"https?://\S+", endpoint)):
-        c.problem("hf_endpoint", f"{endpoint!r} is not an http(s) URL")
-        endpoint = None
+    if endpoint is not None:
+        why = url_problem(endpoint)
+        if why:
+            c.problem("hf_endpoint", why)
+            endpoint = None
     local = c.get("model_local_path")
     if source == "local" and not (isinstance(local, str) and local):
         c.problem("model_local_path", "model_source is 'local': set model_local_path to the "
@@ -416,8 +422,9 @@ def _engine_build(c: _Checker) -> dict[str, Any]:
 def _host_level(c: _Checker) -> dict[str, Any]:
     """Keys other layers use (no effect on rendering); invalid ones are recorded as problems."""
     nvme = c.get("nvme_path")
-    if not (isinstance(nvme, str) and posixpath.isabs(nvme)):
-        c.problem("nvme_path", f"{nvme!r} is not an absolute path")
+    why = host_path_problem(nvme)
+    if why:
+        c.problem("nvme_path", why)
     margin = c.get("weights_free_margin_gib")
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
         c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= 0 (GiB)")
@@ -438,7 +445,7 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
         c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
     rollback_to = c.get("rollback_to")
-    if rollback_to is not None and not (isinstance(rollback_to, str) and RELEASE_ID.match(rollback_to)):
+    if rollback_to is not None and not (isinstance(rollback_to, str) and RELEASE_ID.fullmatch(rollback_to)):
         c.problem("rollback_to", f"{rollback_to!r} is not a release id (like "
                   "vllm-0.33.0-0123abcd-0123456789; see gpuserve status)")
     return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
@@ -529,6 +536,11 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
             c.problem(f"{origins['serve_flags'][0]}.{flag}", f"{value!r} is not a flag value: use "
                       "a string, number, True, a list or a mapping (JSON flags), or None to "
                       "remove the flag", origins["serve_flags"][1])
+        elif (value is not None and PARALLEL_FLAG.fullmatch(recipes.normalize_flag(flag))
+              and (isinstance(value, bool) or not isinstance(value, int) or value < 1)):
+            c.problem(f"{origins['serve_flags'][0]}.{flag}", f"{value!r} is not allowed; a parallel "
+                      "size is a whole number >= 1 (without quotes), or None to remove the flag",
+                      origins["serve_flags"][1])
     env = values["serve_env"]
     if not isinstance(env, Mapping):
         bad("serve_env", f"{env!r} is not a mapping of NAME -> value")
@@ -545,12 +557,24 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         elif isinstance(env_value, str) and ("\n" in env_value or "\r" in env_value):
             c.problem(where[0], f"{env_value!r} spans lines; a value in the service's env file "
                       "must be one line", where[1])
+        elif isinstance(env_value, str) and re.search(r'[$`"\\]', env_value):
+            c.problem(where[0], f"{env_value!r} is not allowed: systemd's EnvironmentFile= does not "
+                      "expand $VARIABLES or backquotes, and quotes or backslashes change how it "
+                      "reads the line; write the literal value", where[1])
     keys_file = values["api_keys_file"]
     if keys_file is not None and not (isinstance(keys_file, str) and keys_file):
         bad("api_keys_file", f"{keys_file!r} is not a path to a file on the control node")
     elif keys_file is not None and not Path(keys_file).is_file():
-        c.warnings.append(f"{path}: api_keys_file {keys_file} does not exist on this control node "
-                          "yet; the service layer needs it")
+        if c.deploying:
+            bad("api_keys_file", f"{keys_file} does not exist on this control node; create it "
+                "(one key per line, mode 0600) before deploying")
+        else:
+            c.warnings.append(f"{path}: api_keys_file {keys_file} does not exist on this control "
+                              "node yet; a deploy refuses to start without it")
+    elif keys_file is not None:
+        why = key_file_problem(Path(keys_file))
+        if why:
+            bad("api_keys_file", why)
     for key in DEPLOYMENT_DEFAULTS:
         # the entry's own values, and the two mappings it may inherit (the other inherited
         # values were scanned where they were set)
@@ -619,6 +643,12 @@ def _deployments(c: _Checker, model_repo: str | None,
             c.problem(f"deployments.{name}", f"{entry!r} is not a mapping of overrides", src)
             ok = False
             continue
+        same = [other.name for other in out if other.name.replace("-", "_") == name.replace("-", "_")]
+        if same:
+            c.problem(f"deployments.{name}", f"{name!r} and {same[0]!r} are the same name to nginx "
+                      "and systemd once '-' and '_' are made equal; rename one", src)
+            ok = False
+            continue
         dep = _deployment(c, name, entry, src, model_repo)
         ok = ok and dep is not None
         if dep is not None:
@@ -633,14 +663,12 @@ def _port_clashes(c: _Checker, deployments: list[DeploymentSettings], proxy_bind
     """Every listener on the host needs its own address and port: each engine (serve_host:
     serve_port) and, when the proxy is on (``proxy_bind`` set), each deployment's TLS front
     (proxy_bind:proxy_port; nginx would quietly hand a second front on one port to the first)."""
-    wildcard = ("0.0.0.0", "::")
     listeners = [(d, "serve_port", d.serve_host, d.serve_port) for d in deployments]
     if proxy_bind is not None:
         listeners += [(d, "proxy_port", proxy_bind, d.proxy_port) for d in deployments]
     for i, mine in enumerate(listeners):
         for other in listeners[:i]:
-            same = mine[2] == other[2] or {mine[2], other[2]} & set(wildcard)
-            if mine[3] != other[3] or not same:
+            if mine[3] != other[3] or not addresses_overlap(mine[2], other[2]):
                 continue
             if mine[1] != other[1] and not mine[0].is_set(mine[1]) and other[0].is_set(other[1]):
                 mine, other = other, mine  # blame the port that was set, not the default
@@ -671,8 +699,9 @@ def _unknown_keys(c: _Checker) -> None:
         elif key not in KEYS:
             close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.8)
             if close:
-                c.warnings.append(f"unknown key {key!r} ({data_source(c.host, key)}) is ignored; "
-                                  f"did you mean {close[0]!r}?")
+                # a typo would silently serve the default instead of what was meant
+                c.problem(key, f"unknown key {key!r}; did you mean {close[0]!r}? (every key: "
+                          "docs/configuration.md)", data_source(c.host, key))
     for key in KEYS:
         value = c.host.data.get(key)
         if key not in ("serve_flags", "serve_env", "deployments") and value is not None:
@@ -688,10 +717,23 @@ def _gpu_stack(c: _Checker) -> stack.StackSettings | None:
         return None
 
 
-def check_host(host: Host, *, require_revision: bool = True) -> tuple[HostSettings | None, list[Problem]]:
-    """Settings for one pyinfra host, and every problem found (settings None when any)."""
-    c = _Checker(host)
+def _hardware_groups(c: _Checker) -> None:
+    """A host is one machine: in at most one hardware group (pyinfra would let the later group's
+    gpu_model win, and an 8x H200 box would be planned as 4x GB200)."""
+    hardware = [g for g in c.host.groups if g in recipes.RECIPES]
+    if len(hardware) > 1:
+        c.problem("gpu_model", f"the host is in the hardware groups {', '.join(hardware)}; put it "
+                  "in exactly one (the group names what the machine is)",
+                  f"groups {', '.join(hardware)}")
+
+
+def check_host(host: Host, *, require_revision: bool = True,
+               deploying: bool = False) -> tuple[HostSettings | None, list[Problem]]:
+    """Settings for one pyinfra host, and every problem found (settings None when any).
+    ``deploying``: a pyinfra run, where files only a deploy reads must exist already."""
+    c = _Checker(host, deploying)
     _unknown_keys(c)
+    _hardware_groups(c)
     hw = _hardware(c)
     recipe, explicit = _recipe(c, hw)
     model = _model(c, require_revision)
@@ -735,12 +777,19 @@ def load_host(host: Host, *, require_revision: bool = True) -> HostSettings:
     return settings
 
 
-def validate_inventory(inventory: Inventory, *, require_revision: bool = True) -> dict[str, HostSettings]:
-    """Settings of every host by name; raises one ConfigError with every host's problems."""
+def validate_inventory(inventory: Inventory, *, require_revision: bool = True,
+                       deploying: bool = False) -> dict[str, HostSettings]:
+    """Settings of every host by name; raises one ConfigError with every host's problems.
+    Never a traceback: a value the checks did not foresee is reported against its host too."""
     settings: dict[str, HostSettings] = {}
     problems: list[Problem] = []
     for host in inventory:
-        one, found = check_host(host, require_revision=require_revision)
+        try:
+            one, found = check_host(host, require_revision=require_revision, deploying=deploying)
+        except Exception as exc:  # noqa: BLE001 - one host's surprise must not hide the others
+            one, found = None, [Problem(host.name, "its data", "?", f"validation failed on a value "
+                                        f"gpuserve did not expect ({type(exc).__name__}: {exc}); "
+                                        "please report this with the host's data")]
         problems += found
         if one is not None:
             settings[host.name] = one

@@ -688,6 +688,7 @@ def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Pr
         return {}, problems
     configs: dict[str, ServeConfig] = {}
     offset = 0
+    taken: dict[str, str] = {}  # GPU -> the deployment that uses it
     for dep in settings.deployments:
         r = _Render(settings, dep)
         r.resolve()
@@ -703,6 +704,8 @@ def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Pr
                     (f"{path}.CUDA_VISIBLE_DEVICES", source),
                     f"lists {len(given)} GPUs, the deployment's parallel size is {len(gpus)}",
                 )
+        if gpus:
+            _gpu_set_checks(r, dep, env.get("CUDA_VISIBLE_DEVICES", ""), taken)
         problems += r.problems
         secret = {}
         if dep.api_keys_file and settings.engine in SECRET_ENV:
@@ -720,6 +723,25 @@ def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Pr
             package=settings.engine_package,
         )
     return configs, problems
+
+
+def _gpu_set_checks(r: _Render, dep: DeploymentSettings, visible: str, taken: dict[str, str]) -> None:
+    """CUDA_VISIBLE_DEVICES names GPUs the host has, and no GPU serves two deployments."""
+    given = "CUDA_VISIBLE_DEVICES" in dep.serve_env
+    where = ((f"{dep.origin('serve_env')[0]}.CUDA_VISIBLE_DEVICES", dep.origin("serve_env")[1])
+             if given else (f"deployments.{dep.name}", r.s.source("deployments")))
+    count = r.s.hardware.gpu_count
+    for gpu in (g.strip() for g in visible.split(",") if g.strip()):
+        if gpu.isdigit() and int(gpu) >= count:
+            r.problem(where, f"GPU {gpu} does not exist: the host has gpu_count {count} (GPUs 0-"
+                      f"{count - 1}, from {r.s.source('gpu_count')})")
+        elif not gpu.isdigit() and not re.fullmatch(r"(GPU|MIG)-[0-9A-Fa-f-]+(/\d+/\d+)?", gpu):
+            r.problem(where, f"{gpu!r} is not a GPU index or a GPU-/MIG- UUID")
+        elif gpu in taken:
+            r.problem(where, f"GPU {gpu} is already used by deployment {taken[gpu]!r}; give each "
+                      "deployment its own GPUs")
+        else:
+            taken[gpu] = dep.name
 
 
 def check(settings: HostSettings) -> list[Problem]:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuserve.hardware import GPU_MODELS
+from gpuserve.values import url_problem
 
 
 class StackError(Exception):
@@ -130,8 +131,9 @@ def _int(data: Mapping, key: str, low: int, high: int) -> int:
 
 def _url(data: Mapping, key: str) -> str:
     value = data.get(key, DEFAULTS[key])
-    if not isinstance(value, str) or not re.match(r"^https?://[^\s/]+", value):
-        raise StackConfigError(key, f"must be an http:// or https:// URL, got {value!r}")
+    why = url_problem(value)
+    if why:
+        raise StackConfigError(key, why)
     return value.rstrip("/")
 
 
@@ -151,7 +153,7 @@ def settings_from(data: Mapping) -> StackSettings:
         raise StackConfigError("nvswitch", f"{model} hosts have no NVSwitches; set nvswitch: False")
 
     driver = str(data.get("nvidia_driver_version", DEFAULTS["nvidia_driver_version"]))
-    m = _DRIVER_VERSION.match(driver)
+    m = _DRIVER_VERSION.fullmatch(driver)
     if not m:
         raise StackConfigError("nvidia_driver_version",
                                f"must be an exact driver version like '580.95.05', got {driver!r}")
@@ -168,7 +170,7 @@ def settings_from(data: Mapping) -> StackSettings:
 
     toolkit = data.get("cuda_toolkit", DEFAULTS["cuda_toolkit"])
     if toolkit is not None:
-        tm = _TOOLKIT.match(str(toolkit))
+        tm = _TOOLKIT.fullmatch(str(toolkit))
         if not tm or int(tm.group(1)) not in CUDA_MIN_BRANCH:
             raise StackConfigError("cuda_toolkit", f"must be like '13-0' (CUDA {'/'.join(map(str, CUDA_MIN_BRANCH))}) "
                                                    f"or None, got {toolkit!r}")
@@ -186,7 +188,7 @@ def settings_from(data: Mapping) -> StackSettings:
         raise StackConfigError("cuda_keyring_version", f"must be like '1.1-1', got {keyring_version!r}")
 
     rocm = str(data.get("rocm_version", DEFAULTS["rocm_version"]))
-    if not _ROCM_VERSION.match(rocm):
+    if not _ROCM_VERSION.fullmatch(rocm):
         raise StackConfigError("rocm_version", f"must be a ROCm release like '7.2' or '7.2.1', got {rocm!r}")
 
     reboot = data.get("reboot", DEFAULTS["reboot"])

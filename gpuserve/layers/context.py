@@ -7,7 +7,7 @@ source, key), and no host is touched.
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.context import ctx_state
 
 from gpuserve.config import HostSettings, validate_inventory
@@ -18,8 +18,12 @@ def all_settings() -> dict[str, HostSettings]:
     state = ctx_state.get()
     validated = getattr(state, "_gpuserve_settings", None)
     if validated is None:
-        validated = validate_inventory(state.inventory)  # raises ConfigError listing everything
+        # raises ConfigError listing everything
+        validated = validate_inventory(state.inventory, deploying=True)
         state._gpuserve_settings = validated
+        for name, settings in validated.items():  # what `gpuserve plan` would warn about
+            for warning in settings.warnings:
+                logger.warning(f"{name}: {warning}")
     return validated
 
 

@@ -48,4 +48,4 @@ def test_missing_key_file(tmp_path):
 def test_missing_key_file_only_warns_at_plan_time():
     s = settings_of(make_inventory(host_data={"api_keys_file": "secrets/not-here"}))
     assert s.warnings == ("deployments.minimax: api_keys_file secrets/not-here does not exist on "
-                          "this control node yet; the service layer needs it",)
+                          "this control node yet; a deploy refuses to start without it",)

@@ -35,7 +35,7 @@ def test_defaults_and_derived_values():
     ({**BLACKWELL, "nvidia_driver_flavour": "proprietary"}, "nvidia_driver_flavour", "Blackwell"),
     ({"cuda_toolkit": "13.0"}, "cuda_toolkit", "like '13-0'"),
     ({"cuda_toolkit": "11-8"}, "cuda_toolkit", "like '13-0'"),
-    ({"cuda_repo_url": "developer.download.nvidia.com"}, "cuda_repo_url", "http:// or https://"),
+    ({"cuda_repo_url": "developer.download.nvidia.com"}, "cuda_repo_url", "is not an http(s) URL"),
     ({"rocm_version": "latest"}, "rocm_version", "ROCm release"),
     ({"reboot": "yes"}, "reboot", "never, allowed"),
     ({"dcgm": "True"}, "dcgm", "True or False"),

@@ -328,7 +328,8 @@ def test_secrets_given_inline(inventory, key, source):
 
 def test_api_keys_file_renders_a_masked_secret_env(tmp_path):
     keys = tmp_path / "keys"
-    keys.write_text("k\n")
+    keys.write_text("k" * 32 + "\n")
+    keys.chmod(0o600)
     config = render(settings_of(make_inventory(host_data={"api_keys_file": str(keys)})), "minimax")
     assert config.secret_env == {"VLLM_API_KEY": str(keys)}
     assert config.secret_env_keys == ("VLLM_API_KEY",)
@@ -352,10 +353,12 @@ def test_typo_in_a_deployment_entry():
                           "deployment key 'serve_prot'; did you mean 'serve_port'?")
 
 
-def test_unknown_top_level_key_only_warns():
-    s = settings_of(make_inventory(host_data={"serve_prot": 1, "ssh_user": "root"}))
-    assert s.warnings == ("unknown key 'serve_prot' (host data) is ignored; did you mean "
-                          "'serve_port'?",)
+def test_a_typo_of_a_known_key_is_an_error_other_unknown_keys_pass():
+    # a typo would serve the default instead of what was meant; pyinfra's own keys (ssh_user)
+    # and keys that resemble nothing are left alone
+    msg = one_problem(make_inventory(host_data={"serve_prot": 1, "ssh_user": "root"}))
+    assert msg == ("h1: serve_prot (from host data): unknown key 'serve_prot'; did you mean "
+                   "'serve_port'? (every key: docs/configuration.md)")
 
 
 @pytest.mark.parametrize("data, key, text", [

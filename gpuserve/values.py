@@ -1,0 +1,106 @@
+"""Checks of single values that several settings share: URLs, host paths, listen addresses and
+key files. A leaf: it imports nothing of gpuserve, so config and stack both use it.
+
+Each ``*_problem`` returns why a value is refused (a sentence that says what is allowed), or
+None when it is fine. Secrets are never put into a message.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+import stat
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+# A host path gpuserve writes into or names in a unit: plain characters only (an env file or
+# ReadWritePaths= splits on spaces), normalized (no '..'), and not a system directory.
+HOST_PATH = re.compile(r"/[A-Za-z0-9._/+@-]*")
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run",
+               "/sbin", "/sys", "/usr", "/var/lib/dpkg", "/var/lib/apt")
+# api_keys_file: keys at least this long (a short key can be guessed), file private to its owner
+MIN_KEY_LENGTH = 24
+
+
+def url_problem(value: Any) -> str | None:
+    """Why ``value`` is not a plain http(s) URL gpuserve may print and write into non-secret
+    files (None when it is): one line, no spaces, and no credentials in it."""
+    if not isinstance(value, str) or not re.fullmatch(r"https?://[^\s/?#]+[^\s]*", value):
+        return f"{value!r} is not an http(s) URL"
+    parts = urlsplit(value)
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        return ("holds credentials (user:password@); URLs are printed by `gpuserve plan` and "
+                "written into non-secret files: give the mirror its credentials another way "
+                "(an apt auth.conf, a netrc on the host) and use the plain URL")
+    return None
+
+
+def key_file_problem(path: Path) -> str | None:
+    """Why a key file on the control node must not be used (None when it may): readable by
+    others, empty, or holding a key short enough to guess. The keys are never in the message."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path} cannot be read: {getattr(exc, 'strerror', None) or exc}"
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return (f"{path} is readable by others (mode {stat.S_IMODE(mode):04o}); "
+                f"`chmod 600 {path}`")
+    keys = [line.strip() for line in text.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+    if not keys:
+        return f"{path} holds no key (one key per line; blank lines and # comments are ignored)"
+    short = [i for i, k in enumerate(keys, 1) if len(k) < MIN_KEY_LENGTH]
+    if short:
+        return (f"{path}: key {', '.join(map(str, short))} (counting keys, not lines) is shorter "
+                f"than {MIN_KEY_LENGTH} characters; use random keys, e.g. `openssl rand -hex 32`")
+    return None
+
+
+def host_path_problem(value: Any) -> str | None:
+    """Why ``value`` is not a host directory gpuserve may write into (None when it is)."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        return f"{value!r} is not an absolute path"
+    if not HOST_PATH.fullmatch(value):
+        return (f"{value!r} has characters a unit file or env file cannot hold safely (spaces, "
+                "newlines, quotes, ...); use letters, digits and . _ - + @ /")
+    if posixpath.normpath(value) != value or value == "/":
+        return (f"{value!r} is not a normalized directory (no '..', '.', '//' or trailing '/'); "
+                f"write it as {posixpath.normpath(value)!r}" if value != "/" else
+                "'/' is not a data directory")
+    for system in SYSTEM_DIRS:
+        if value == system or value.startswith(system + "/"):
+            return f"{value!r} is inside the system directory {system}; use a data mount like /mnt/nvme"
+    return None
+
+
+def _addresses(value: str) -> set[str]:
+    """The addresses a listener on ``value`` binds, canonical: ``localhost`` is 127.0.0.1 and
+    ::1, ``::ffff:127.0.0.1`` is 127.0.0.1, ``0:0::1`` is ::1; a wildcard is ``*4``/``*6``."""
+    if value.lower() in ("localhost", "localhost.localdomain"):
+        return {"127.0.0.1", "::1"}
+    try:
+        ip = ipaddress.ip_address(value.strip("[]"))
+    except ValueError:
+        return {value.lower().rstrip(".")}  # a host name: compared as a name
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_unspecified:
+        # Linux binds '::' dual-stack by default: it takes the IPv4 port too
+        return {"*4", "*6"} if ip.version == 6 else {"*4"}
+    return {str(ip)}
+
+
+def addresses_overlap(a: str, b: str) -> bool:
+    """Whether listeners on ``a`` and ``b`` (same port) would clash."""
+    one, two = _addresses(a), _addresses(b)
+    if one & two:
+        return True
+    for wild, other in ((one, two), (two, one)):
+        if "*4" in wild and any(x.count(".") == 3 or x == "*4" for x in other):
+            return True
+        if "*6" in wild and any(":" in x or x.count(".") == 3 for x in other):
+            return True
+    return False
