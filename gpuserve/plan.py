@@ -123,6 +123,26 @@ def _json(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> di
     }
 
 
+def limit_hosts(inventory: Inventory, patterns: tuple[str, ...]) -> list[str] | None:
+    """The host names ``--limit`` selects, as pyinfra's own --limit does (a group name, else a
+    glob on host names; several patterns add up). None without patterns: every host."""
+    if not patterns:
+        return None
+    from pyinfra_cli.cli import _apply_inventory_limit  # the CLI's own rule (pyinfra is pinned)
+
+    hosts = _apply_inventory_limit(inventory, patterns) or []
+    if not hosts:
+        raise click.BadParameter(f"no host or group matches {', '.join(patterns)}", param_hint="--limit")
+    order = [h.name for h in inventory]
+    return sorted((h.name for h in hosts), key=order.index)
+
+
+def errors_json(error: ConfigError) -> str:
+    """A ConfigError as ``--format json`` prints it: ``{"errors": [{host, source, key, message}]}``."""
+    return json.dumps({"errors": [{"host": p.host, "source": p.source, "key": p.key,
+                                   "message": p.message} for p in error.problems]}, indent=2)
+
+
 def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = False) -> str:
     rendered = {name: recipes.render_host(s) for name, s in settings.items()}
     if fmt == "json":
@@ -135,8 +155,10 @@ def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = Fal
             continue
         for dep, sc in configs.items():
             header = "" if profile else f"# {name} {dep}\n"
-            body = sc.shell_line(_model_dir(s, profile)) if fmt == "argv" else sc.config_yaml().rstrip()
-            chunks.append(header + body)
+            if fmt == "argv":
+                chunks.append(header + sc.shell_line(_model_dir(s, profile)))
+            else:  # one YAML document per deployment, each opened by '---'
+                chunks.append(f"---\n{header}{sc.config_yaml().rstrip()}")
     return ("\n\n" if fmt == "text" else "\n").join(chunks)
 
 
@@ -149,7 +171,11 @@ def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = Fal
               "yaml: the vLLM --config files; json: everything, machine-readable.")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE",
               help="Override data for every host, as pyinfra's --data (highest precedence).")
-def plan(inventory: str | None, profile: str | None, fmt: str, data: tuple[str, ...]) -> None:
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP|GLOB",
+              help="Show only these hosts, as pyinfra's --limit (the whole inventory is still "
+              "validated, as a pyinfra run validates it).")
+def plan(inventory: str | None, profile: str | None, fmt: str, data: tuple[str, ...],
+         limit: tuple[str, ...]) -> None:
     """Validate an inventory and print what each host would serve (no SSH).
 
     INVENTORY is a pyinfra inventory file, e.g. inventories/prod.py; group_data/ is read from
@@ -162,10 +188,16 @@ def plan(inventory: str | None, profile: str | None, fmt: str, data: tuple[str, 
         inv = profile_inventory(profile, override)
     else:
         inv = load_inventory(inventory, override)
+    shown = limit_hosts(inv, limit)
     try:
         settings = validate_inventory(inv, require_revision=profile is None)
+        if shown is not None:
+            settings = {name: settings[name] for name in shown}
         output = render_plan(settings, fmt, profile=profile is not None)
     except ConfigError as error:
-        click.echo(str(error), err=True)
+        if fmt == "json":
+            click.echo(errors_json(error))
+        else:
+            click.echo(str(error), err=True)
         sys.exit(1)
     click.echo(output)

@@ -190,3 +190,38 @@ def test_pyinfra_precedence_through_the_real_loader(tmp_path, monkeypatch):
     assert a.max_num_seqs == 2 and a.origin("max_num_seqs") == ("max_num_seqs", "--data")
     assert settings["a"].source("gpu_model") == "group 'hopper_x8'"
     assert settings["a"].source("model_revision") == "group 'all'"
+
+
+def test_limit_selects_hosts_as_pyinfra_does(in_repo):
+    # a group name, a glob on host names, and both together (pyinfra's --limit rules)
+    by_group = plan("inventories/prod.py", "--limit", "blackwell_x4", "--format", "json")
+    assert [h["host"] for h in json.loads(by_group.stdout)] == ["gpu-gb200-01.prod.example"]
+    by_glob = plan("inventories/prod.py", "--limit", "gpu-h200-0[12]*", "--limit", "mi355x_x4",
+                   "--format", "json")
+    assert [h["host"] for h in json.loads(by_glob.stdout)] == [
+        "gpu-h200-01.prod.example", "gpu-h200-02.prod.example", "gpu-mi355x-01.prod.example"]
+    nothing = plan("inventories/prod.py", "--limit", "no-such-host")
+    assert nothing.exit_code == 2 and "no host or group matches no-such-host" in nothing.output
+
+
+def test_limit_still_validates_every_host(in_repo):
+    # a pyinfra run with --limit validates the whole inventory; so does the plan
+    result = plan("inventories/prod.py", "--limit", "blackwell_x4", "--data", "nvme_path=relative")
+    assert result.exit_code == 1
+    assert "gpu-h200-01.prod.example: nvme_path (from --data)" in result.stderr
+
+
+def test_yaml_format_is_one_document_per_deployment(in_repo):
+    result = plan("inventories/prod.py", "--format", "yaml")
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert len(docs) == 5 and all(d["kv-cache-dtype"] in ("fp8", "nvfp4") for d in docs)
+
+
+def test_json_format_prints_errors_as_json(in_repo):
+    result = plan("inventories/prod.py", "--format", "json", "--data", "serve_port=1")
+    assert result.exit_code == 1
+    errors = json.loads(result.stdout)["errors"]
+    assert len(errors) == 5 and errors[0] == {
+        "host": "gpu-h200-01.prod.example", "source": "--data", "key": "serve_port",
+        "message": "1 is not allowed; use an integer 1024..65535"}
