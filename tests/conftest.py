@@ -18,19 +18,28 @@ TEST_INSTANCE = int(os.environ.get("GPUSERVE_TEST_INSTANCE", "99"))
 
 @pytest.fixture(scope="session")
 def sandbox():
+    """The test instance, started from nothing: whatever an earlier run (or a developer's
+    `gpuserve sandbox up --instance 99`) left of it is stopped and removed first, so no run can
+    pass on an earlier run's state (gpuserve.sandbox.isolation)."""
     from gpuserve.sandbox.hosts import Sandbox
+    from gpuserve.sandbox.isolation import reset_instance
 
     if os.geteuid() != 0:
         pytest.fail("integration tests build sandbox hosts and need root (or deselect: -m 'not sandbox')")
     box = Sandbox(TEST_INSTANCE)
+    for line in reset_instance(box):
+        print(f"\nsandbox: {line}")
     yield box
     box.down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox_hub(sandbox, tmp_path_factory):
     """The sandbox's hub on the test instance's bridge address (group_data/sandbox.py's
-    hf_endpoint), serving the tiny model the sandbox pins. Publish more revisions into ``.root``."""
+    hf_endpoint), serving the tiny model the sandbox pins. Publish more revisions into ``.root``.
+
+    Module-scoped on purpose: a module that converges the weights layer must ask for it, and
+    gets a hub of its own that stops when the module ends (see the guard below)."""
     from gpuserve.sandbox import network
     from gpuserve.sandbox.hub import (SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED,
                                       publish_tiny_checkpoint, serve_in_thread)
@@ -41,6 +50,31 @@ def sandbox_hub(sandbox, tmp_path_factory):
     server = serve_in_thread(root, host=sandbox.bridge_ip, port=SANDBOX_PORT)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _integration_module_starts_clean(request):
+    """The guard (issue: README's test command must pass on a fresh machine). Every integration
+    module starts as if it ran alone on a fresh machine: the control node's checkpoint cache of
+    the test instance is emptied, and nothing may answer on the instance's addresses that this
+    module did not ask for. A module that converges the weights layer without requesting
+    ``sandbox_hub`` therefore fails here the same way, whatever ran before it."""
+    if "/integration/" not in str(request.path):
+        yield
+        return
+    from gpuserve.sandbox.hosts import Sandbox
+    from gpuserve.sandbox.isolation import empty_checkpoint_cache, foreign_listeners, session_ports
+
+    box = Sandbox(TEST_INSTANCE)
+    empty_checkpoint_cache(box)
+    # the module's own fixtures are set up after this one: anything listening now is left over
+    stray = foreign_listeners(box, allowed=session_ports())
+    if stray:
+        pytest.fail(f"{request.path.name}: before its fixtures started, something already listens on "
+                    f"the test instance's addresses: {'; '.join(stray)}. A test must not pass on "
+                    f"another module's (or an earlier run's) daemon: stop it, and request the "
+                    f"fixture that starts what the test needs (sandbox_hub, make_hosts, ...).")
+    yield
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,8 @@ def wheel_set(sandbox_wheelhouse):
 
 
 @pytest.fixture(scope="module")
-def host(make_hosts, wheel_set):
+def host(make_hosts, wheel_set, sandbox_hub):
+    # deploys/serve.py includes the weights layer: the pinned checkpoint comes from the hub
     return make_hosts(["hopper_x8"])[0]
 
 
