@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpuserve import layout, recipes, stack
+from gpuserve import layout, recipes, rollout, stack
 from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
@@ -189,7 +189,7 @@ class HostSettings:
     nvme_path: str
     weights_free_margin_gib: float
     reboot: str
-    max_unavailable: int
+    max_unavailable: int | str  # hosts, or a percentage of the run's hosts: '10%'
     keep_releases: int
     drain_s: int
     proxy: bool
@@ -429,7 +429,12 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
         c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= 0 (GiB)")
     reboot = c.one_of("reboot", REBOOT)
-    unavailable = c.integer("max_unavailable", 1)
+    unavailable = c.get("max_unavailable")
+    if not (isinstance(unavailable, str) and rollout.PERCENT.fullmatch(unavailable)) and not (
+            isinstance(unavailable, int) and not isinstance(unavailable, bool) and unavailable >= 1):
+        c.problem("max_unavailable", f"{unavailable!r} is not allowed; use a whole number >= 1 or a "
+                  "percentage of the run's hosts like '10%' (1%-100%, rounded down, at least 1)")
+        unavailable = None
     keep = c.integer("keep_releases", 1, maximum=20)
     drain = c.integer("drain_s", 0, maximum=3600)
     proxy = c.get("proxy")

@@ -11,6 +11,7 @@ Python; gpuserve.layers.rollout runs it against the hosts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -70,6 +71,20 @@ def rollback_move(host: str, deployment: str, current: str | None, previous: str
     if current == target:
         return Move(host, deployment, current, target, previous=target) if interrupted else None
     return Move(host, deployment, current, target, previous=target)
+
+
+PERCENT = re.compile(r"([1-9][0-9]?|100)%")
+
+
+def batch_size(max_unavailable: int | str, hosts: int) -> int:
+    """Hosts per batch: a number as it is, or a percentage of the ``hosts`` in the run, rounded
+    down and at least 1 (as Ansible's ``serial: 10%``): 10% of 25 hosts is 2, of 5 hosts 1."""
+    if isinstance(max_unavailable, str):
+        m = PERCENT.fullmatch(max_unavailable)
+        if not m:
+            raise ValueError(f"max_unavailable {max_unavailable!r} is not a percentage like '10%'")
+        return max(1, hosts * int(m.group(1)) // 100)
+    return max_unavailable
 
 
 def batches(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: int) -> list[list[Move]]:

@@ -60,7 +60,9 @@ def _roll(state, host, kind: str) -> bool:
     settings = all_settings()
     order = [h.name for h in _hosts_in_order(state)]
     moves = [m for name in order for m in state._gpuserve_moves.get(name, [])]
-    max_unavailable = min((settings[n].max_unavailable for n in order), default=1)
+    # a percentage counts the hosts in this run (pyinfra's --limit narrows it); the strictest wins
+    max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(order)) for n in order),
+                          default=1)
     plan = rollout.batches(moves, order, max_unavailable)
     try:
         _roll_batches(state, kind, plan, settings)

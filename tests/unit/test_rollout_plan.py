@@ -57,3 +57,17 @@ def test_an_interrupted_move_is_resumed_not_skipped():
     r = rollback_move("h1", "minimax", "r1", "r1", ["r1", "r2"], interrupted=True)
     assert r.resumes and r.previous == "r1"
     assert rollback_move("h1", "minimax", "r1", "r1", ["r1", "r2"]) is None
+
+
+@pytest.mark.parametrize("value, hosts, size", [
+    (1, 10, 1), (3, 10, 3), ("10%", 25, 2), ("10%", 5, 1), ("50%", 4, 2), ("100%", 7, 7),
+    ("34%", 3, 1), ("1%", 1, 1),
+])
+def test_batch_size_as_a_number_or_a_percentage_rounded_down_at_least_one(value, hosts, size):
+    assert rollout.batch_size(value, hosts) == size
+
+
+@pytest.mark.parametrize("value", ["0%", "101%", "10", "10 %", "%", "10%\n"])
+def test_a_percentage_that_is_not_one_is_refused(value):
+    with pytest.raises(ValueError):
+        rollout.batch_size(value, 10)

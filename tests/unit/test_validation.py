@@ -380,7 +380,7 @@ def test_a_typo_of_a_known_key_is_an_error_other_unknown_keys_pass():
     ({"nvme_path": "mnt/nvme"}, "nvme_path", "is not an absolute path"),
     ({"weights_free_margin_gib": -1}, "weights_free_margin_gib", "a number >= 0"),
     ({"reboot": "yes"}, "reboot", "use one of never, allowed"),
-    ({"max_unavailable": 0}, "max_unavailable", "use an integer >= 1"),
+    ({"max_unavailable": 0}, "max_unavailable", "use a whole number >= 1 or a percentage"),
     ({"nvswitch": "yes"}, "nvswitch", "use True or False"),
     ({"gpu_memory_gib": 0}, "gpu_memory_gib", "the GiB of one GPU"),
     ({"deployments": {}}, "deployments", "use a mapping of deployment name"),
@@ -452,3 +452,15 @@ def test_python_version_310_given_as_a_number_says_why_it_reads_31():
     msg = one_problem(make_inventory(override={"python_version": 3.10}))  # --data python_version=3.10
     assert msg.startswith("h1: python_version (from --data): 3.1 is outside 3.11-3.14")
     assert "drops a trailing zero" in msg
+
+
+@pytest.mark.parametrize("value", ["25%", 2])
+def test_max_unavailable_takes_a_number_or_a_percentage(value):
+    assert settings_of(make_inventory(host_data={"max_unavailable": value})).max_unavailable == value
+
+
+@pytest.mark.parametrize("value", [0, "0%", "150%", "ten", True, 1.5, "10"])
+def test_max_unavailable_refuses_what_is_neither(value):
+    msg = one_problem(make_inventory(host_data={"max_unavailable": value}))
+    assert msg.startswith("h1: max_unavailable (from host data): ")
+    assert "use a whole number >= 1 or a percentage of the run's hosts like '10%'" in msg
