@@ -491,8 +491,9 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
     path = f"deployments.{name}"
     values: dict[str, Any] = {}
     origins: dict[str, tuple[str, str]] = {}
+    overrides = c.host.inventory.get_override_data()
     for key in DEPLOYMENT_DEFAULTS:
-        if key in entry:
+        if key in entry and key not in overrides:  # --data beats everything, entries included
             values[key], origins[key] = entry[key], (f"{path}.{key}", src)
         else:
             values[key] = c.get(key)
@@ -694,7 +695,24 @@ def _port_clash(c: _Checker, mine: tuple, other: tuple) -> None:
     else:
         c.problem(path, f"{key} {port} on {a_host} clashes with the {b_key} of deployment "
                   f"{b.name!r} ({b_host}:{b_port}); the engines and the proxy each need their "
-                  "own port", src)
+                  f"own port: set deployments.{a.name}.{key}, e.g. to {_free_port(c, port)}", src)
+
+
+def _free_port(c: _Checker, port: int) -> int:
+    """The next port above ``port`` that no deployment of the host sets (a suggestion)."""
+    deployments = c.get("deployments")
+    used = {port}
+    for entry in (deployments.values() if isinstance(deployments, Mapping) else ()):
+        for key in ("serve_port", "proxy_port"):
+            if isinstance(entry, Mapping) and isinstance(entry.get(key), int):
+                used.add(entry[key])
+    for key in ("serve_port", "proxy_port"):
+        if isinstance(c.get(key), int):
+            used.add(c.get(key))
+    free = port + 1
+    while free in used:
+        free += 1
+    return free
 
 
 def _unknown_keys(c: _Checker) -> None:

@@ -464,3 +464,28 @@ def test_max_unavailable_refuses_what_is_neither(value):
     msg = one_problem(make_inventory(host_data={"max_unavailable": value}))
     assert msg.startswith("h1: max_unavailable (from host data): ")
     assert "use a whole number >= 1 or a percentage of the run's hosts like '10%'" in msg
+
+
+def test_data_on_the_command_line_beats_a_deployment_entry():
+    # documented as the highest precedence: it applies to every deployment, entries included
+    inv = make_inventory(group="cpu", host_data={"deployments": {"a": {"ready_timeout_s": 60}}},
+                         override={"ready_timeout_s": 900})
+    dep = settings_of(inv).deployment("a")
+    assert dep.ready_timeout_s == 900 and dep.origin("ready_timeout_s") == ("ready_timeout_s", "--data")
+
+
+def test_two_deployments_behind_the_proxy_are_told_which_port_to_set(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("k" * 32 + "\n")
+    keys.chmod(0o600)
+    deployments = {"fast": {"serve_flags": {"tensor-parallel-size": 4}},
+                   "deep": {"serve_port": 8001, "serve_flags": {"tensor-parallel-size": 4}}}
+    inv = make_inventory(host_data={"proxy": True, "api_keys_file": str(keys),
+                                    "deployments": deployments})
+    msg = one_problem(inv)
+    assert msg.startswith("h1: deployments.deep.proxy_port (from host data): proxy_port 8443")
+    assert msg.endswith("set deployments.deep.proxy_port, e.g. to 8444")
+    # the documented example (docs/configuration.md, Deployments) does that and passes
+    deployments["deep"]["proxy_port"] = 8444
+    settings_of(make_inventory(host_data={"proxy": True, "api_keys_file": str(keys),
+                                          "deployments": deployments}))
