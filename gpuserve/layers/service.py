@@ -47,7 +47,9 @@ def _secrets_content(settings: HostSettings, dep: DeploymentSettings, serve: rec
     if not path.is_file():
         raise OperationError(f"{host.name}: deployments.{dep.name}.api_keys_file {path} does not exist "
                              "on this control node")
-    env = api_keys.secret_env(serve, path.parent if not path.is_absolute() else Path("/"))
+    # relative to where pyinfra runs, as validation read it (joining the parent again read
+    # secrets/secrets/<file> for the prod example's "secrets/prod-api-keys")
+    env = api_keys.secret_env(serve)
     return "".join(f"{k}={v}\n" for k, v in env.items())
 
 

@@ -49,3 +49,18 @@ def test_missing_key_file_only_warns_at_plan_time():
     s = settings_of(make_inventory(host_data={"api_keys_file": "secrets/not-here"}))
     assert s.warnings == ("deployments.minimax: api_keys_file secrets/not-here does not exist on "
                           "this control node yet; a deploy refuses to start without it",)
+
+
+def test_a_relative_key_file_is_read_from_where_pyinfra_runs(tmp_path, monkeypatch):
+    # the prod example's api_keys_file = "secrets/prod-api-keys" was read as
+    # secrets/secrets/prod-api-keys when the proxy was off
+    from gpuserve.layers.service import _secrets_content
+
+    (tmp_path / "secrets").mkdir()
+    key = "k" * 32
+    (tmp_path / "secrets" / "prod-api-keys").write_text(key + "\n")
+    (tmp_path / "secrets" / "prod-api-keys").chmod(0o600)
+    monkeypatch.chdir(tmp_path)
+    settings = settings_of(make_inventory(host_data={"api_keys_file": "secrets/prod-api-keys"}))
+    dep = settings.deployment("minimax")
+    assert _secrets_content(settings, dep, render(settings, dep)) == f"VLLM_API_KEY={key}\n"
