@@ -69,6 +69,8 @@ HOST_DEFAULTS: dict[str, Any] = {
     "weights_bwlimit_kib": None,  # KiB/s per host transfer; None: unlimited
     "reboot": "never",
     "max_unavailable": 1,
+    "rollout_lock_stale_s": 7200,  # a rollout lock not refreshed this long may be broken
+    "force_unlock": None,  # deploys/upgrade.py, rollback.py: the run id of a lock to break
     # service layer and rollouts (docs/configuration.md, "Service, proxy and rollouts")
     "keep_releases": 1,  # previous releases kept besides current (their envs and checkpoints too)
     "drain_s": 5,  # seconds a host is out of the proxy before its engine stops
@@ -206,6 +208,9 @@ class HostSettings:
     weights_verify: str = "changed"
     weights_bwlimit_kib: int | None = None
     warnings: tuple[str, ...] = ()
+    # the rollout lock (gpuserve.rollout)
+    rollout_lock_stale_s: int = 7200
+    force_unlock: str | None = None
     # engine venv build (gpuserve.engine)
     uv_version: str = UV_VERSION
     python_downloads: str = "automatic"
@@ -449,13 +454,20 @@ def _host_level(c: _Checker) -> dict[str, Any]:
             c.problem(key, f"{value!r} is not a file on this control node")
     if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
         c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
+    stale = c.integer("rollout_lock_stale_s", 60, maximum=7 * 86400)
+    force = c.get("force_unlock")
+    if force is not None and not (isinstance(force, str) and rollout.RUN_ID.fullmatch(force)):
+        c.problem("force_unlock", f"{force!r} is not a rollout run id (12 hex digits, printed by the "
+                  "rollout that was refused)")
+        force = None
     rollback_to = c.get("rollback_to")
     if rollback_to is not None and not (isinstance(rollback_to, str) and RELEASE_ID.fullmatch(rollback_to)):
         c.problem("rollback_to", f"{rollback_to!r} is not a release id (like "
                   "vllm-0.33.0-0123abcd-0123456789; see gpuserve status)")
     return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, proxy=proxy,
-                proxy_bind=bind, rollback_to=rollback_to, **tls)
+                proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
+                force_unlock=force, **tls)
 
 
 def _weights(c: _Checker, model: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,11 @@ The plan is computed before anything runs, so ``--dry`` prints it and changes no
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 import time
+import uuid
 
 import gevent
 from pyinfra import host, logger
@@ -21,7 +25,7 @@ from gpuserve import recipes, rollout
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.service import Deployment, DeploymentState
-from gpuserve.rollout import Move
+from gpuserve.rollout import LockHolder, Move
 from gpuserve.service import gate_command, probe_url, tools_enabled
 
 
@@ -64,15 +68,101 @@ def _roll(state, host, kind: str) -> bool:
     max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(order)) for n in order),
                           default=1)
     plan = rollout.batches(moves, order, max_unavailable)
+    hosts = _hosts_in_order(state)
+    me = _holder(kind)
+    taken: list = []
     try:
-        _roll_batches(state, kind, plan, settings)
+        taken = _lock_all(hosts, me, settings)
+        _roll_batches(state, kind, plan, settings, beat=lambda: _beat(taken, me))
     except OperationError as exc:
         logger.error(f"--> {exc}")
         return False
+    finally:
+        _unlock(taken, me)
     return True
 
 
-def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings]) -> None:
+# --- the rollout lock (gpuserve.rollout: LockHolder, lock_take, ...) ------------------------------
+
+def _holder(kind: str) -> LockHolder:
+    node = socket.gethostname()
+    now = time.time()
+    return LockHolder(run=uuid.uuid4().hex[:12], who=f"{getpass.getuser()}@{node}", node=node,
+                      pid=os.getpid(), kind=kind, since=now, beat=now)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _lock_all(hosts: list, me: LockHolder, settings: dict[str, HostSettings]) -> list:
+    """Take the lock on every host of the run, in inventory order; on a live lock held by another
+    rollout, give back what was taken and refuse, naming the holder. Returns the hosts locked."""
+    taken: list = []
+    try:
+        for h in hosts:
+            s = settings[h.name]
+            ok, held = rollout.parse_lock_output(_run(h, rollout.lock_take(me)))
+            if not ok:
+                now = time.time()
+                why = rollout.stale_reason(held, me, now, s.rollout_lock_stale_s, s.force_unlock,
+                                           _pid_alive)
+                who = held.describe(now) if held else "an unreadable lock"
+                if why is None:
+                    raise OperationError(
+                        f"{me.kind} refused: {h.name} is locked by {who}; another rollout is moving "
+                        f"hosts. Wait for it to finish. If it is gone for good (its control node "
+                        f"died), break the lock with --data force_unlock={held.run if held else '?'}"
+                        f" (the lock goes stale by itself after rollout_lock_stale_s = "
+                        f"{s.rollout_lock_stale_s} s without a refresh)")
+                logger.warning(f"    [{h.name}] breaking the rollout lock of {who}: {why}")
+                if not _break(h, held, me):
+                    raise OperationError(f"{me.kind} refused: another rollout took the lock on "
+                                         f"{h.name} while this one was breaking the stale one")
+            taken.append(h)
+        logger.info(f"--> rollout lock {me.run} held on {len(taken)} host(s) by {me.who}")
+        return taken
+    except (OperationError, _MoveFailed) as exc:
+        _unlock(taken, me)
+        if isinstance(exc, _MoveFailed):
+            raise OperationError(f"{me.kind} not started: taking the rollout lock failed: {exc}") from None
+        raise
+
+
+def _break(h, held: LockHolder | None, me: LockHolder) -> bool:
+    """Replace a stale lock with ours; False when another rollout got there first."""
+    if held is not None:
+        return _shell(h, rollout.lock_replace(held.run, me), COMMAND_TIMEOUT_S)[0]
+    _run(h, f"rm -f {rollout.LOCK_FILE}")   # unreadable: not a lock any rollout can hold
+    return rollout.parse_lock_output(_run(h, rollout.lock_take(me)))[0]
+
+
+def _beat(hosts: list, me: LockHolder) -> None:
+    """Refresh the lock on every host (each batch), so a long rollout never looks stale."""
+    fresh = LockHolder(**{**me.__dict__, "beat": time.time()})
+    for h in hosts:
+        ok, _ = _shell(h, rollout.lock_replace(me.run, fresh), COMMAND_TIMEOUT_S)
+        if not ok:
+            raise _MoveFailed(f"{h.name}: the rollout lock is no longer this run's ({me.run}); "
+                              "somebody broke it: stopping")
+
+
+def _unlock(hosts: list, me: LockHolder) -> None:
+    for h in hosts:
+        try:
+            _shell(h, rollout.lock_release(me.run), COMMAND_TIMEOUT_S)
+        except _MoveFailed as exc:   # unreachable: the lock stays until it is stale or broken
+            logger.warning(f"    could not release the rollout lock: {exc}")
+
+
+def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings],
+                  beat=lambda: None) -> None:
     failed = sorted(h.name for h in state.failed_hosts)
     if failed:
         raise OperationError(f"{kind} not started: preparing failed on {', '.join(failed)}; "
@@ -83,6 +173,10 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
         for move in batch:
             by_host.setdefault(move.host, []).append(move)
         logger.info(f"--> {kind} batch {i}/{len(plan)}: {', '.join(by_host)}")
+        try:
+            beat()
+        except _MoveFailed as exc:
+            raise OperationError(f"{kind} halted before batch {i}/{len(plan)}: {exc}") from None
         jobs = [gevent.spawn(_move_host_reporting, hosts[name], moves, settings[name])
                 for name, moves in by_host.items()]
         gevent.joinall(jobs)
@@ -140,6 +234,20 @@ def _switch(h, move: Move, current: str, previous: str | None, s: HostSettings) 
     _run(h, rollout.start(move.deployment))
 
 
+def _moved_already(h, move: Move) -> bool:
+    """The plan was made before the lock was held: another rollout may have moved the host since."""
+    if move.resumes:
+        return False
+    pointers = _run(h, rollout.read_pointers(move.deployment)).split()
+    current = pointers[0].rsplit("/", 1)[-1] if pointers else None
+    drained = _shell(h, f"test -e {rollout.drain_flag(move.deployment)}", COMMAND_TIMEOUT_S)[0]
+    if current == move.to_release and not drained:   # drained: that rollout died half-way
+        logger.info(f"    [{h.name}] {move.deployment} already serves {move.to_release} (another "
+                    "rollout moved it since this one was planned): skipped")
+        return True
+    return False
+
+
 def _move_host_reporting(h, moves: list[Move], s: HostSettings) -> str | None:
     """_move_host in a greenlet: the reason it failed, or None."""
     try:
@@ -153,40 +261,46 @@ def _move_host_reporting(h, moves: list[Move], s: HostSettings) -> str | None:
 
 
 def _move_host(h, moves: list[Move], s: HostSettings) -> None:
-    """Move every deployment of one host; on a failed gate, back to what it served, then raise."""
-    if s.proxy:
-        for move in moves:
-            _run(h, rollout.out_of_rotation(move.deployment))
-        logger.info(f"    [{h.name}] out of the proxy; waiting {s.drain_s} s for load balancers")
-        time.sleep(s.drain_s)
+    """Move the host's deployments one at a time, so it keeps serving the others: each goes out
+    of rotation, is switched and gated, and comes back in before the next one leaves. On a failed
+    gate, that deployment goes back to what it served, and the move stops (raises)."""
     for move in moves:
-        before = _run(h, rollout.read_pointers(move.deployment)).split()
-        old_current = before[0].rsplit("/", 1)[-1] if before else None
-        old_previous = before[1].rsplit("/", 1)[-1] if len(before) > 1 else None
-        t0 = time.monotonic()
-        logger.info(f"    [{h.name}] {move}: stopping (drain), switching, starting")
-        _switch(h, move, move.to_release, move.previous, s)
-        ok, why = _gate(h, s, move.deployment)
-        if ok:
-            logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
-                        f"after {time.monotonic() - t0:.0f} s")
-            continue
-        logger.warning(f"    [{h.name}] {move.deployment} failed its gate on {move.to_release}: {why}")
-        if old_current == move.to_release:   # resuming an interrupted move: back to what it left
-            old_current = old_previous if old_previous != move.to_release else None
-        if old_current is None:
-            raise _MoveFailed(f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
-                              + ("no other release to go back to" if move.resumes
-                                 else "it served nothing before") + ", so it stays down")
-        _switch(h, move, old_current, old_previous, s)
-        back, why_back = _gate(h, s, move.deployment)
-        if s.proxy and back:
-            _run(h, rollout.into_rotation(move.deployment))
-        raise _MoveFailed(
-            f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
-            + (f"rolled back to {old_current}, serving again" if back
-               else f"rolled back to {old_current} but it is not ready either ({why_back})"))
+        if not _moved_already(h, move):
+            _move_deployment(h, move, s)
+
+
+def _move_deployment(h, move: Move, s: HostSettings) -> None:
     if s.proxy:
-        for move in moves:
+        _run(h, rollout.out_of_rotation(move.deployment))
+        logger.info(f"    [{h.name}] {move.deployment} out of the proxy; waiting {s.drain_s} s for "
+                    "load balancers")
+        time.sleep(s.drain_s)
+    before = _run(h, rollout.read_pointers(move.deployment)).split()
+    old_current = before[0].rsplit("/", 1)[-1] if before else None
+    old_previous = before[1].rsplit("/", 1)[-1] if len(before) > 1 else None
+    t0 = time.monotonic()
+    logger.info(f"    [{h.name}] {move}: stopping (drain), switching, starting")
+    _switch(h, move, move.to_release, move.previous, s)
+    ok, why = _gate(h, s, move.deployment)
+    if ok:
+        logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
+                    f"after {time.monotonic() - t0:.0f} s")
+        if s.proxy:
             _run(h, rollout.into_rotation(move.deployment))
-        logger.info(f"    [{h.name}] back in the proxy")
+            logger.info(f"    [{h.name}] {move.deployment} back in the proxy")
+        return
+    logger.warning(f"    [{h.name}] {move.deployment} failed its gate on {move.to_release}: {why}")
+    if old_current == move.to_release:   # resuming an interrupted move: back to what it left
+        old_current = old_previous if old_previous != move.to_release else None
+    if old_current is None:
+        raise _MoveFailed(f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
+                          + ("no other release to go back to" if move.resumes
+                             else "it served nothing before") + ", so it stays down")
+    _switch(h, move, old_current, old_previous, s)
+    back, why_back = _gate(h, s, move.deployment)
+    if s.proxy and back:
+        _run(h, rollout.into_rotation(move.deployment))
+    raise _MoveFailed(
+        f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
+        + (f"rolled back to {old_current}, serving again" if back
+           else f"rolled back to {old_current} but it is not ready either ({why_back})"))

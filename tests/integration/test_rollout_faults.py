@@ -16,7 +16,7 @@ import time
 import pytest
 
 from gpuserve import layout
-from gpuserve.rollout import drain_flag
+from gpuserve.rollout import LOCK_FILE, LockHolder, drain_flag
 from gpuserve.sandbox import fleet as view
 from gpuserve.sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
 from gpuserve.sandbox.loadloop import LoadLoop
@@ -96,6 +96,10 @@ def test_kill_9_during_a_rolling_upgrade_then_the_rerun_finishes_it(fleet, sandb
         rerun = pyinfra(INV, UPGRADE, "--data", new_rev).check()
     stats = loop.stats
     assert "interrupted rollout" in rerun.output, rerun.output[-4000:]
+    # the killed run's lock is still on the hosts; its pid is gone on this control node, so the
+    # rerun breaks it without being told to
+    assert "breaking the rollout lock of upgrade run" in rerun.output, rerun.output[-4000:]
+    assert "on this control node) is gone" in rerun.output
     assert stats.failed == 0, stats.failures           # the drained host never got traffic
     assert stats.min_in_rotation >= 1
     for h in fleet["hosts"]:
@@ -155,3 +159,65 @@ def test_a_host_unreachable_mid_rollback_halts_it_and_the_rerun_finishes_it(flee
     assert again.changed == 0, again.output[-3000:]
     unit = layout.unit_name(DEP)
     assert sandbox.ssh(second, f"systemctl is-active {unit}").stdout.strip() == "active"
+
+
+def _lock_of(sandbox, h) -> LockHolder | None:
+    out = sandbox.ssh(h, f"cat {LOCK_FILE}", check=False)
+    return LockHolder.from_json(out.stdout) if out.returncode == 0 else None
+
+
+@pytest.mark.faults
+def test_two_rollouts_at_once_the_second_is_refused_naming_the_first(fleet, sandbox, pyinfra, tmp_path):
+    first, second = fleet["hosts"]
+    new_rev = f"model_revision={fleet['sha1']}"
+    log_path = tmp_path / "first-upgrade.log"
+    with open(log_path, "w") as log:
+        # drain_s=45: each host waits that long out of rotation, so the first rollout is still
+        # moving hosts while the second one reaches its lock
+        proc = _start_pyinfra(sandbox, UPGRADE, "--data", new_rev, "--data", "drain_s=45", log=log)
+        try:
+            _wait_for("the first rollout's lock on both hosts",
+                      lambda: all(_lock_of(sandbox, h) for h in fleet["hosts"]), 600, proc, log_path)
+            holder = _lock_of(sandbox, first)
+            other = pyinfra(INV, UPGRADE, "--data", new_rev)
+            assert proc.poll() is None, "the first rollout should still be moving hosts"
+            proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, log_path.read_text()[-4000:]
+    assert other.returncode != 0
+    assert (f"upgrade refused: {first.name} is locked by upgrade run {holder.run} by "
+            f"{holder.who} (pid {holder.pid})") in other.output, other.output[-4000:]
+    # both hosts moved once, by the first rollout; its lock is gone
+    for h in fleet["hosts"]:
+        assert fleet["sha1"][:8] in view.pointers(sandbox, h, DEP)[0]
+        assert _lock_of(sandbox, h) is None
+    assert pyinfra(INV, UPGRADE, "--data", new_rev).check().changed == 0
+
+
+@pytest.mark.faults
+def test_a_lock_left_by_another_control_node_is_broken_only_by_force_unlock(fleet, sandbox, pyinfra):
+    first, second = fleet["hosts"]
+    args = ("--data", f"model_revision={fleet['sha1']}")
+    before = {h.name: view.pointers(sandbox, h, DEP) for h in fleet["hosts"]}
+    now = time.time()
+    gone = LockHolder(run="0123456789ab", who="ops@ctl-gone", node="ctl-gone", pid=4242,
+                      kind="upgrade", since=now - 60, beat=now - 60)
+    sandbox.ssh(second, f"mkdir -p -m 700 {os.path.dirname(LOCK_FILE)} && "
+                        f"printf '%s\\n' '{gone.to_json()}' > {LOCK_FILE}")
+    refused = pyinfra(INV, ROLLBACK, *args)
+    assert refused.returncode != 0
+    assert (f"rollback refused: {second.name} is locked by upgrade run 0123456789ab by ops@ctl-gone "
+            "(pid 4242)") in refused.output, refused.output[-4000:]
+    assert "--data force_unlock=0123456789ab" in refused.output
+    # nothing moved, and the lock the refused run took on the first host was given back
+    assert {h.name: view.pointers(sandbox, h, DEP) for h in fleet["hosts"]} == before
+    assert _lock_of(sandbox, first) is None and _lock_of(sandbox, second) == gone
+
+    run = pyinfra(INV, ROLLBACK, *args, "--data", "force_unlock=0123456789ab").check()
+    assert "force_unlock=0123456789ab names it" in run.output
+    for h in fleet["hosts"]:
+        assert view.pointers(sandbox, h, DEP)[0] == before[h.name][1]
+        assert _lock_of(sandbox, h) is None

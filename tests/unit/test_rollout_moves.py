@@ -1,0 +1,99 @@
+"""A host with several deployments moves one deployment at a time: it keeps serving the others.
+
+The move's commands are recorded from a stand-in connection (the commands themselves run on
+sandbox hosts in tests/integration/test_serve_e2e.py and test_rollout_faults.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from gpuserve import rollout
+from gpuserve.layers import rollout as layer
+from gpuserve.rollout import Move
+
+from .helpers import make_inventory, settings_of
+
+
+class RecordingHost:
+    """Answers run_shell_command like pyinfra's Host: (ok, output); records what ran."""
+
+    def __init__(self, current: dict[str, str], drained: set[str] = frozenset()):
+        self.name, self.data, self.ran = "h1", {}, []
+        self.current, self.drained = dict(current), set(drained)
+
+    def run_shell_command(self, command, _sudo=False, _timeout=None):
+        text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
+        self.ran.append(text)
+        out = ""
+        for dep, release in self.current.items():
+            if text == rollout.read_pointers(dep):
+                out = f"releases/{release} releases/old"
+            if text == f"test -e {rollout.drain_flag(dep)}":
+                return dep in self.drained, SimpleNamespace(stdout="", stderr="", output="")
+        return True, SimpleNamespace(stdout=out, stderr="", output=out)
+
+
+@pytest.fixture
+def settings(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("k" * 32 + "\n")
+    keys.chmod(0o600)
+    return settings_of(make_inventory(host_data={
+        "proxy": True, "api_keys_file": str(keys), "drain_s": 0,
+        "deployments": {"fast": {"serve_flags": {"tensor-parallel-size": 4}},
+                        "deep": {"serve_port": 8001, "proxy_port": 8444,
+                                 "serve_flags": {"tensor-parallel-size": 4}}}}))
+
+
+def _events(h) -> list[str]:
+    out = []
+    for cmd in h.ran:
+        for dep in ("fast", "deep"):
+            if cmd == rollout.out_of_rotation(dep):
+                out.append(f"out {dep}")
+            elif cmd == rollout.into_rotation(dep):
+                out.append(f"in {dep}")
+            elif cmd.startswith(rollout.start(dep)):
+                out.append(f"start {dep}")
+    return out
+
+
+def test_each_deployment_is_back_in_before_the_next_leaves(settings, monkeypatch):
+    gated = []
+    monkeypatch.setattr(layer, "_gate", lambda h, s, dep: (gated.append(dep) or True, "ok"))
+    h = RecordingHost({"fast": "r1", "deep": "r1"})
+    layer._move_host(h, [Move("h1", "fast", "r1", "r2", "r1"), Move("h1", "deep", "r1", "r2", "r1")],
+                     settings)
+    assert _events(h) == ["out fast", "start fast", "in fast", "out deep", "start deep", "in deep"]
+    assert gated == ["fast", "deep"]
+
+
+def test_a_failed_gate_leaves_the_deployments_already_moved_serving(settings, monkeypatch):
+    # fast moves fine; deep's new release fails its gate and goes back to r1 (which passes)
+    answers = iter([True, False, True])
+    monkeypatch.setattr(layer, "_gate", lambda h, s, dep: (next(answers), "engine died"))
+    h = RecordingHost({"fast": "r1", "deep": "r1"})
+    with pytest.raises(layer._MoveFailed, match="deep: gate failed on r2 .engine died.; rolled back "
+                                                 "to r1, serving again"):
+        layer._move_host(h, [Move("h1", "fast", "r1", "r2", "r1"),
+                             Move("h1", "deep", "r1", "r2", "r1")], settings)
+    assert _events(h) == ["out fast", "start fast", "in fast", "out deep", "start deep",
+                          "start deep", "in deep"]
+
+
+def test_a_deployment_another_rollout_already_moved_is_skipped(settings, monkeypatch):
+    monkeypatch.setattr(layer, "_gate", lambda h, s, dep: (True, "ok"))
+    h = RecordingHost({"fast": "r2", "deep": "r1"})       # fast: moved since the plan was made
+    layer._move_host(h, [Move("h1", "fast", "r1", "r2", "r1"), Move("h1", "deep", "r1", "r2", "r1")],
+                     settings)
+    assert _events(h) == ["out deep", "start deep", "in deep"]
+
+
+def test_a_drained_deployment_on_its_target_is_finished_not_skipped(settings, monkeypatch):
+    # a rollout killed after its switch leaves it drained on the target: finish it (gate, in)
+    monkeypatch.setattr(layer, "_gate", lambda h, s, dep: (True, "ok"))
+    h = RecordingHost({"fast": "r2", "deep": "r2"}, drained={"fast"})
+    layer._move_host(h, [Move("h1", "fast", "r1", "r2", "r1")], settings)
+    assert _events(h) == ["out fast", "start fast", "in fast"]
