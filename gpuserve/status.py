@@ -1,6 +1,8 @@
 """``gpuserve status inventories/<inv>.py``: per host and deployment, what runs and whether it answers.
 
 Reads only (pyinfra facts over SSH, the same connection settings as a deploy); changes nothing.
+Hosts are asked in parallel (``PARALLEL`` at a time), each bounded by ``HOST_TIMEOUT_S``: a host
+that does not answer in time is reported as such and does not hold up the others.
 """
 
 from __future__ import annotations
@@ -9,13 +11,14 @@ import json
 from dataclasses import dataclass
 
 import click
+import gevent
 from pyinfra.api import Config, FactBase, State
 from pyinfra.api.connect import connect_all, disconnect_all
 
 from gpuserve.config import ConfigError, validate_inventory
 from gpuserve.facts.gpus import Gpus
 from gpuserve.facts.service import Deployment
-from gpuserve.plan import _override_data, load_inventory
+from gpuserve.plan import _override_data, limit_hosts, load_inventory
 from gpuserve.service import GATE, probe_url, secrets_env_path
 
 
@@ -59,28 +62,53 @@ def _gpus(report) -> str:
         f" ({profile.driver_version})" if profile.driver_version else "")
 
 
-def collect(inventory) -> list[Row]:
+PARALLEL = 32          # hosts asked at once
+HOST_TIMEOUT_S = 60    # one host's questions, all together
+
+
+def _host_rows(host, settings) -> list[Row]:
+    gpus = _gpus(host.get_fact(Gpus))
+    rows = []
+    for dep in settings.deployments:
+        url = probe_url(dep.serve_host, dep.serve_port, "")
+        st = host.get_fact(Deployment, deployment=dep.name, health_url=f"{url}/health")
+        engine = host.get_fact(EngineStatus, deployment=dep.name, url=url)
+        health = st.active_state or "not installed"
+        if st.active_state:
+            health += f", /health {st.health or 'no answer'}"
+        if st.drained:   # a rollout has it out of the proxy (or was killed doing so)
+            health += ", drained"
+        rows.append(Row(host.name, dep.name, st.current or "-", st.previous or "-", health,
+                        ",".join(engine.get("models") or []) or "-", gpus))
+    return rows
+
+
+def _bounded_rows(host, settings, timeout: float) -> list[Row]:
+    try:
+        with gevent.Timeout(timeout):
+            return _host_rows(host, settings)
+    except gevent.Timeout:
+        return [Row(host.name, "-", "-", "-", f"no answer in {timeout:g} s", "-", "-")]
+    except Exception as exc:  # noqa: BLE001 - one host's failure is its row, not the command's
+        return [Row(host.name, "-", "-", "-", f"error: {type(exc).__name__}: {exc}"[:80], "-", "-")]
+
+
+def collect(inventory, limit: list[str] | None = None, timeout: float = HOST_TIMEOUT_S) -> list[Row]:
+    """Rows for the hosts in ``limit`` (host names; None: every host), in inventory order."""
     settings = validate_inventory(inventory, require_revision=False)
-    state = State(inventory, Config(CONNECT_TIMEOUT=10))
-    rows: list[Row] = []
+    hosts = [h for h in inventory if limit is None or h.name in limit]
+    state = State(inventory, Config(CONNECT_TIMEOUT=10, PARALLEL=PARALLEL), initial_limit=hosts)
     try:
         connect_all(state)
-        for host in inventory:
-            if host not in state.active_hosts:
-                rows.append(Row(host.name, "-", "-", "-", "unreachable", "-", "-"))
-                continue
-            gpus = _gpus(host.get_fact(Gpus))
-            for dep in settings[host.name].deployments:
-                url = probe_url(dep.serve_host, dep.serve_port, "")
-                st = host.get_fact(Deployment, deployment=dep.name, health_url=f"{url}/health")
-                engine = host.get_fact(EngineStatus, deployment=dep.name, url=url)
-                health = st.active_state or "not installed"
-                if st.active_state:
-                    health += f", /health {st.health or 'no answer'}"
-                if st.drained:   # a rollout has it out of the proxy (or was killed doing so)
-                    health += ", drained"
-                rows.append(Row(host.name, dep.name, st.current or "-", st.previous or "-", health,
-                                ",".join(engine.get("models") or []) or "-", gpus))
+        jobs = {h.name: state.pool.spawn(_bounded_rows, h, settings[h.name], timeout)
+                for h in hosts if h in state.active_hosts}
+        gevent.joinall(list(jobs.values()))
+        rows: list[Row] = []
+        for h in hosts:
+            if h.name in jobs:
+                rows += jobs[h.name].value
+            else:
+                rows.append(Row(h.name, "-", "-", "-", "unreachable", "-", "-"))
     finally:
         disconnect_all(state)
     return rows
@@ -97,13 +125,15 @@ def render_table(rows: list[Row]) -> str:
 @click.command()
 @click.argument("inventory")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="Override data, as for pyinfra.")
-def status(inventory: str, data: tuple[str, ...]) -> None:
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP|GLOB",
+              help="Only these hosts, as pyinfra's --limit.")
+def status(inventory: str, data: tuple[str, ...], limit: tuple[str, ...]) -> None:
     """Per host and deployment: current and previous release, health, served model, GPUs."""
     try:
-        rows = collect(load_inventory(inventory, _override_data(data)))
+        inv = load_inventory(inventory, _override_data(data))
+        rows = collect(inv, limit_hosts(inv, limit))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(render_table(rows))
-    if any(r.health == "unreachable" or "/health 200" not in r.health or "drained" in r.health
-           for r in rows):
+    if any("/health 200" not in r.health or "drained" in r.health for r in rows):
         raise SystemExit(1)
