@@ -183,3 +183,29 @@ def test_sim_kmsg_replays_the_xid_lines_of_persistent_faults(tmp_path):
     assert out.returncode == 0, out.stderr
     assert logged.read_text() == ("-p kern.err -t kernel NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=gpuserve-sim, "
                                   "GPU has fallen off the bus.\n")
+
+
+def test_sim_amd_smi_reports_ecc_and_pcie_faults_for_the_admission_checks(tmp_path):
+    from gpuserve import admission
+
+    root, _ = _host_root(tmp_path, spec="mi355x_x4")
+    loaded = tmp_path / "amdgpu-loaded"
+    loaded.write_text("6.16.6\n")
+    env = {**os.environ, "GPUSERVE_SIM_HARDWARE": str(root / simgpu.HARDWARE_FILE),
+           "GPUSERVE_SIM_AMDGPU_LOADED": str(loaded), "GPUSERVE_SIM_FAULTS": str(root / simgpu.FAULTS_FILE)}
+
+    def failed():
+        out = [subprocess.run([sys.executable, str(simgpu.FILES / "sim-amd-smi"), *args], env=env,
+                              capture_output=True, text=True).stdout
+               for args in (("metric", "--ecc", "--pcie"), ("static", "--bus"))]
+        seen = admission.parse_amd_smi_blocks("".join(out).splitlines())
+        return [(f.check, f.gpu) for f in admission.evaluate_amd(admission.AdmissionSettings(), seen, 4) if not f.ok]
+
+    assert failed() == []
+    simgpu.add_fault(root, 1, "ecc-uncorrectable", value=2)
+    simgpu.add_fault(root, 2, "pcie-gen", value=4)
+    simgpu.add_fault(root, 3, "pcie-width")
+    assert failed() == [("ecc_uncorrectable", "GPU 1 (0000:28:00.0)"), ("pcie_gen", "GPU 2 (0000:38:00.0)"),
+                        ("pcie_width", "GPU 3 (0000:48:00.0)")]
+    simgpu.add_fault(root, 0, "missing")
+    assert ("visible", "host") in failed()
