@@ -113,6 +113,19 @@ class Sandbox:
             timeout: float = 120) -> subprocess.CompletedProcess:
         return run([*self.ssh_args(host), command], check=check, timeout=timeout)
 
+    def reboot(self, host: SandboxHost, wait: float = 90) -> None:
+        """`systemctl reboot` inside the host, and wait until it runs again under a new boot ID."""
+        boot_id = self.ssh(host, "cat /proc/sys/kernel/random/boot_id").stdout
+        self.ssh(host, "systemctl reboot", check=False)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            p = self.ssh(host, "systemctl is-system-running --wait; cat /proc/sys/kernel/random/boot_id",
+                         check=False, timeout=30)
+            if p.returncode in (0, 1) and p.stdout.split()[-1:] != boot_id.split():
+                return
+            time.sleep(0.5)
+        raise SandboxError(f"{host.name} did not come back from its reboot within {wait:.0f} s")
+
     # --- simulated hardware faults (simgpu.FAULTS) ----------------------------------------------
     def set_fault(self, host: SandboxHost, gpu: int, fault: str, value: int | None = None,
                   persistent: bool = True) -> dict:

@@ -1,0 +1,103 @@
+"""Admission checks end to end: a converged hopper_x8 host (NVSwitch) is admitted; each simulated
+hardware fault on one GPU makes deploys/gpu_stack.py refuse it, naming host, GPU, check, value
+and threshold; cleared, the host is admitted again. XIDs count since boot, and faults set
+persistent outlive a reboot while transient ones do not.
+
+One host for the module; the tests build on each other in order.
+"""
+
+import pytest
+
+INVENTORY, DEPLOY = "inventories/sandbox.py", "deploys/gpu_stack.py"
+GPU3 = "GPU 3 (00000000:48:00.0)"
+
+
+@pytest.fixture(scope="module")
+def host(make_hosts):
+    return make_hosts(["hopper_x8"])[0]
+
+
+def refused(pyinfra, host):
+    run = pyinfra(INVENTORY, DEPLOY, "--limit", host.name)
+    assert run.returncode != 0, run.output[-3000:]
+    assert f"{host.name}: GPU admission failed" in run.output, run.output[-3000:]
+    assert "verification failed" not in run.output
+    return run.output
+
+
+def admitted(pyinfra, host):
+    run = pyinfra(INVENTORY, DEPLOY, "--limit", host.name).check()
+    assert "admission failed" not in run.output
+    return run
+
+
+def test_a_healthy_converged_host_is_admitted(sandbox, host, pyinfra):
+    first = pyinfra(INVENTORY, DEPLOY, "--data", "reboot=allowed").check()
+    assert "Admission checks" in first.output and "admission failed" not in first.output
+    # the checks really ran against the host's tools: nvidia-smi answers every field they query
+    from gpuserve.admission import QUERY
+    rows = sandbox.ssh(host, f"nvidia-smi --query-gpu={QUERY} --format=csv,noheader,nounits").stdout.splitlines()
+    assert len(rows) == 8 and all(r.split(", ")[3] == "Enabled" for r in rows)   # persistence on
+
+
+FAULTS = [
+    ("ecc-uncorrectable", "ecc_uncorrectable is 1 (volatile) (allowed: <= 0 (admission_max_uncorrectable_ecc))"),
+    ("retired-pages", "retired_pages_pending is Yes (allowed: No or [N/A] (admission_allow_pending_retired_pages: False))"),
+    ("row-remap-failure", "row_remap_failure is 1 (allowed: No, 0 or [N/A])"),
+    ("pcie-gen", "pcie_gen is Gen 3 (max Gen 5) (allowed: >= Gen 5 (the GPU's maximum))"),
+    ("pcie-width", "pcie_width is x8 (max x16) (allowed: >= x16 (the GPU's maximum))"),
+    ("nvlink-down", "nvlink is 17/18 links active (down: link 0) (allowed: every link active)"),
+]
+
+
+def test_each_fault_refuses_the_host_naming_gpu_check_value_and_threshold(sandbox, host, pyinfra):
+    previous = None
+    for fault, expected in FAULTS:
+        sandbox.clear_faults(host)
+        sandbox.set_fault(host, gpu=3, fault=fault)
+        out = refused(pyinfra, host)
+        assert f"{host.name}: {GPU3}: {expected}" in out, (fault, out[-3000:])
+        assert "GPU admission failed (1 check(s))" in out, (fault, out[-3000:])   # the previous one is cleared
+        if previous:
+            assert previous not in out
+        previous = expected.split(" is ")[0]
+    sandbox.clear_faults(host)
+    admitted(pyinfra, host)
+
+
+def test_a_missing_gpu_is_refused_by_verification(sandbox, host, pyinfra):
+    sandbox.set_fault(host, gpu=3, fault="missing")
+    run = pyinfra(INVENTORY, DEPLOY, "--limit", host.name)
+    assert run.returncode != 0
+    # verification runs first and already names the GPU by the bus ID the driver probed
+    assert ("gpu_count: declared 8 x H200, nvidia-smi found 7 (1 x H200 missing; the driver probed "
+            "0000:48:00.0 but nvidia-smi does not list it") in run.output
+    sandbox.clear_faults(host)
+    admitted(pyinfra, host)
+
+
+def test_xids_count_since_boot_and_persistent_faults_outlive_a_reboot(sandbox, host, pyinfra):
+    sandbox.set_fault(host, gpu=3, fault="xid")                          # persistent: the GPU fails again
+    sandbox.set_fault(host, gpu=5, fault="pcie-width", value=4, persistent=False)
+    out = refused(pyinfra, host)
+    assert (f"{host.name}: {GPU3}: xid is Xid 79 since boot: NVRM: Xid (PCI:0000:48:00): 79, pid=0, "
+            "name=gpuserve-sim, GPU has fallen off the bus. (allowed: no Xid in admission_xid_fatal)") in out
+    assert f"{host.name}: GPU 5 (00000000:68:00.0): pcie_width is x4 (max x16)" in out
+
+    sandbox.reboot(host)      # the transient link fault ends; the persistent XID is logged again
+    out = refused(pyinfra, host)
+    assert f"{host.name}: {GPU3}: xid is Xid 79 since boot" in out and "pcie_width" not in out
+    assert "GPU admission failed (1 check(s))" in out
+
+    sandbox.clear_faults(host)
+    out = refused(pyinfra, host)   # switched off, but the XID of this boot is still in the log
+    assert f"{GPU3}: xid is Xid 79 since boot" in out
+    sandbox.reboot(host)
+    admitted(pyinfra, host)
+
+
+def test_admission_false_skips_the_checks(sandbox, host, pyinfra):
+    sandbox.set_fault(host, gpu=0, fault="ecc-uncorrectable", value=7)
+    run = pyinfra(INVENTORY, DEPLOY, "--limit", host.name, "--data", "admission=False").check()
+    assert "admission failed" not in run.output
+    sandbox.clear_faults(host)
