@@ -13,6 +13,7 @@ NVIDIA sources (formats as NVIDIA documents them; fixtures in tests/unit/fixture
     the kernel log since boot                                      `NVRM: Xid (PCI:0000:18:00): 79, ...`
     /proc/driver/nvidia/gpus                                       bus IDs the driver probed
     systemctl is-active nvidia-fabricmanager                       NVSwitch hosts
+    dcgmi diag -r 1 -j                                             with `dcgm: True`, where dcgmi is installed
 AMD sources (amd-smi's text layout: `GPU: n` blocks with indented `KEY: value` lines):
     amd-smi metric --ecc --pcie                                    uncorrectable ECC count, PCIe width/speed
     amd-smi static --bus                                           the GPU's maximum PCIe width/speed
@@ -39,6 +40,7 @@ DEFAULT_XID_FATAL = (48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120)
 
 CHECKS = ("visible", "persistence", "ecc_mode", "ecc_uncorrectable", "retired_pages_pending",
           "row_remap_failure", "pcie_gen", "pcie_width", "nvlink", "fabric_manager", "xid")
+OPTIONAL_CHECKS = ("dcgm_diag",)   # with `dcgm: True` where dcgmi is installed
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,59 @@ def parse_xids(lines: Iterable[str]) -> list[Xid]:
 
 
 @dataclass(frozen=True)
+class DcgmDiag:
+    """`dcgmi diag -r 1 -j`: per GPU (DCGM's entity id, nvidia-smi's index), the tests that did
+    not pass as (test, status, warning). error: no report (host engine down, bad JSON)."""
+
+    results: dict[int, list[tuple[str, str, str]]] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _dcgm_gpu(entry: Mapping) -> int | None:
+    for key in ("entity_id", "gpu_id", "gpu_ids"):   # DCGM 4 / DCGM 3 spellings
+        value = entry.get(key)
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            group = entry.get("entity_group", "GPU")
+            return int(value) if group == "GPU" else None
+    return None
+
+
+def parse_dcgm_diag(lines: Iterable[str]) -> DcgmDiag | None:
+    """The JSON report, read leniently (DCGM 3 and 4 nest it differently): every object with a
+    `status` under a test `name` counts for the GPU it names. None: dcgmi was not run."""
+    import json
+
+    text = "\n".join(lines).strip()
+    if not text:
+        return None
+    start = text.find("{")
+    try:
+        report = json.loads(text[start:]) if start >= 0 else None
+    except ValueError:
+        report = None
+    if not isinstance(report, dict):
+        return DcgmDiag(error=" ".join(text.split())[:300])
+    results: dict[int, list[tuple[str, str, str]]] = {}
+
+    def walk(node, test: str) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item, test)
+        elif isinstance(node, dict):
+            test = str(node.get("name", test)) if "tests" not in node else test
+            gpu = _dcgm_gpu(node)
+            if "status" in node and gpu is not None:
+                warnings = [str(w.get("warning") or w.get("message") or w) if isinstance(w, dict) else str(w)
+                            for w in node.get("warnings", [])]
+                results.setdefault(gpu, []).append((test, str(node["status"]), "; ".join(warnings)))
+            for value in node.values():
+                walk(value, test)
+
+    walk(report, "")
+    return DcgmDiag(results)
+
+
+@dataclass(frozen=True)
 class NvidiaHealth:
     """What gpuserve.facts.admission.NvidiaAdmission gathers on one host."""
 
@@ -193,6 +248,7 @@ class NvidiaHealth:
     xids: list[Xid]
     driver_bus_ids: list[str]            # /proc/driver/nvidia/gpus
     fabric_manager: str | None = None    # `systemctl is-active nvidia-fabricmanager`; None: not asked
+    dcgm: DcgmDiag | None = None         # None: not asked or dcgmi not installed
 
 
 SECTION = "--- gpuserve-admission "
@@ -220,6 +276,7 @@ def parse_nvidia(lines: Iterable[str]) -> NvidiaHealth:
         xids=parse_xids(s.get("kernel", [])),
         driver_bus_ids=[x.strip() for x in s.get("driver", []) if x.strip()],
         fabric_manager=(fabric[0].strip() if fabric else "unknown") if fabric is not None else None,
+        dcgm=parse_dcgm_diag(s.get("dcgm", [])),
     )
 
 
@@ -293,9 +350,28 @@ def evaluate_nvidia(a: AdmissionSettings, seen: NvidiaHealth, gpu_count: int, nv
         if pci_short(x.pci) not in listed and x.code in a.xid_fatal:
             out.append(Finding("xid", f"GPU at {x.pci}", f"Xid {x.code} since boot: {x.text}",
                                "no Xid in admission_xid_fatal", False))
+    if seen.dcgm is not None:
+        out += _dcgm_findings(seen.dcgm, gpus)
     if nvswitch:
         state = seen.fabric_manager or "not checked"
         out.append(Finding("fabric_manager", "host", f"nvidia-fabricmanager {state}", "active", state == "active"))
+    return out
+
+
+def _dcgm_findings(diag: DcgmDiag, gpus: list[GpuHealth]) -> list[Finding]:
+    if diag.error:
+        return [Finding("dcgm_diag", "host", f"no report from dcgmi diag -r 1: {diag.error}", "a report", False)]
+    out = []
+    for g in gpus:
+        results = diag.results.get(g.index)
+        bad = [r for r in results or [] if r[1].lower() in ("fail", "error")]
+        if results is None:
+            value = "not in the report"
+        elif bad:
+            value = "Fail (" + "; ".join(f"{t}: {w}" if w else t for t, _, w in bad) + ")"
+        else:
+            value = "Pass"
+        out.append(Finding("dcgm_diag", g.label, value, "Pass (dcgmi diag -r 1)", results is not None and not bad))
     return out
 
 

@@ -55,6 +55,7 @@ DEFAULTS: dict[str, object] = {
     "cuda_keyring_version": "1.1-1",
     "cuda_keyring_sha256": None,
     "dcgm": False,
+    "dcgm_version": "4.4.1",
     "rocm_version": "7.2",
     "rocm_repo_url": "https://repo.radeon.com",
     "reboot": "never",
@@ -102,6 +103,7 @@ class StackSettings:
     reboot_delay: int
     reboot_timeout: int
     admission: admission.AdmissionSettings = admission.AdmissionSettings()
+    dcgm_version: str = "4.4.1"
 
     @property
     def vendor(self) -> str | None:
@@ -230,6 +232,10 @@ def settings_from(data: Mapping) -> StackSettings:
     if not _ROCM_VERSION.fullmatch(rocm):
         raise StackConfigError("rocm_version", f"must be a ROCm release like '7.2' or '7.2.1', got {rocm!r}")
 
+    dcgm_version = str(data.get("dcgm_version", DEFAULTS["dcgm_version"]))
+    if not re.fullmatch(r"\d+\.\d+\.\d+", dcgm_version):
+        raise StackConfigError("dcgm_version", f"must be an exact DCGM release like '4.4.1', got {dcgm_version!r}")
+
     reboot = data.get("reboot", DEFAULTS["reboot"])
     if reboot not in REBOOT_POLICIES:
         raise StackConfigError("reboot", f"must be one of {', '.join(REBOOT_POLICIES)}, got {reboot!r}")
@@ -242,7 +248,7 @@ def settings_from(data: Mapping) -> StackSettings:
         rocm_repo_url=_url(data, "rocm_repo_url"), reboot_allowed=reboot == "allowed",
         reboot_delay=_int(data, "reboot_delay", 0, 3600),
         reboot_timeout=_int(data, "reboot_timeout", 30, 7200),
-        admission=admission_settings_from(data),
+        admission=admission_settings_from(data), dcgm_version=dcgm_version,
     )
 
 
@@ -364,6 +370,8 @@ NOUVEAU_BLACKLIST_TEXT = "# gpuserve: the NVIDIA driver needs nouveau out of the
 FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
 PERSISTENCED_UNIT = "nvidia-persistenced"
 DCGM_UNIT = "nvidia-dcgm"
+DCGM_EXPORTER_UNIT = "nvidia-dcgm-exporter"   # datacenter-gpu-manager-exporter, metrics on :9400
+DCGM_EXPORTER_PORT = 9400
 
 
 def cuda_repo_dir(s: StackSettings, os: str, arch: str) -> str:
@@ -418,8 +426,10 @@ def nvidia_packages(s: StackSettings, os: str) -> list[PackageSpec]:
             specs.append(PackageSpec("nvlsm"))
     if s.cuda_toolkit:
         specs.append(PackageSpec(f"cuda-toolkit-{s.cuda_toolkit}"))
-    if s.dcgm:
-        specs.append(PackageSpec(f"datacenter-gpu-manager-4-cuda{s.cuda_major}"))
+    if s.dcgm:   # DCGM at its exact release, held with the driver; the exporter follows the set
+        specs += [PackageSpec("datacenter-gpu-manager-4-core", s.dcgm_version),
+                  PackageSpec(f"datacenter-gpu-manager-4-cuda{s.cuda_major}", s.dcgm_version),
+                  PackageSpec("datacenter-gpu-manager-exporter")]
     return specs
 
 
@@ -437,7 +447,7 @@ def nvidia_units(s: StackSettings) -> list[str]:
     if s.nvswitch:
         units.append(FABRIC_MANAGER_UNIT)
     if s.dcgm:
-        units.append(DCGM_UNIT)
+        units += [DCGM_UNIT, DCGM_EXPORTER_UNIT]
     return units
 
 

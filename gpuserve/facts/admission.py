@@ -25,9 +25,9 @@ KERNEL_LOG = ("if command -v journalctl >/dev/null 2>&1; then "
 
 class NvidiaAdmission(FactBase[admission.NvidiaHealth]):
     """nvidia-smi's health fields and NVLink states, XIDs since boot, the GPUs the driver probed,
-    and (NVSwitch hosts) the fabric manager's state."""
+    (NVSwitch hosts) the fabric manager's state, and (dcgm) DCGM's quick diagnostic."""
 
-    def command(self, nvswitch: bool = False) -> str:
+    def command(self, nvswitch: bool = False, dcgm: bool = False) -> str:
         smi = "command -v nvidia-smi >/dev/null 2>&1"
         parts = [
             f"echo '{H}query'",
@@ -42,6 +42,8 @@ class NvidiaAdmission(FactBase[admission.NvidiaHealth]):
         ]
         if nvswitch:
             parts += [f"echo '{H}fabric'", "systemctl is-active nvidia-fabricmanager 2>/dev/null"]
+        if dcgm:   # DCGM's quick diagnostic (seconds), only where dcgmi is installed
+            parts += [f"echo '{H}dcgm'", "if command -v dcgmi >/dev/null 2>&1; then dcgmi diag -r 1 -j 2>&1; fi"]
         return "; ".join(parts) + "; true"
 
     @staticmethod

@@ -141,7 +141,7 @@ def admission_findings(settings: stack.StackSettings) -> list[admission_checks.F
     """Every admission check on every GPU of the current host, from its facts now."""
     a = settings.admission
     if settings.vendor == "nvidia":
-        seen = host.get_fact(NvidiaAdmission, nvswitch=settings.nvswitch)
+        seen = host.get_fact(NvidiaAdmission, nvswitch=settings.nvswitch, dcgm=settings.dcgm)
         return admission_checks.evaluate_nvidia(a, seen, settings.gpu_count, settings.nvswitch)
     if settings.vendor == "amd":
         return admission_checks.evaluate_amd(a, host.get_fact(AmdAdmission), settings.gpu_count)

@@ -114,7 +114,7 @@ def install(root: Path, spec: HostSpec, host_name: str) -> None:
     (root / HARDWARE_FILE).write_text(json.dumps(hardware(spec, host_name), indent=2) + "\n")
     bin_dir = root / BIN_DIR
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for tool in ("nvidia-smi", "amd-smi", "kmsg"):
+    for tool in ("nvidia-smi", "amd-smi", "kmsg", "dcgmi", "dcgm-exporter"):
         shutil.copyfile(FILES / f"sim-{tool}", bin_dir / tool)
         (bin_dir / tool).chmod(0o755)
     (root / STATE_DIR).mkdir(parents=True, exist_ok=True)

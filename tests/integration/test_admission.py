@@ -101,3 +101,24 @@ def test_admission_false_skips_the_checks(sandbox, host, pyinfra):
     run = pyinfra(INVENTORY, DEPLOY, "--limit", host.name, "--data", "admission=False").check()
     assert "admission failed" not in run.output
     sandbox.clear_faults(host)
+
+
+def test_with_dcgm_its_quick_diagnostic_is_one_more_check_and_the_exporter_serves_metrics(sandbox, host, pyinfra):
+    dcgm = ("--limit", host.name, "--data", "dcgm=True")
+    run = pyinfra(INVENTORY, DEPLOY, *dcgm).check()
+    assert "admission failed" not in run.output
+    held = sandbox.ssh(host, "apt-mark showhold").stdout.split()
+    assert {"datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda13",
+            "datacenter-gpu-manager-exporter"} <= set(held)
+    metrics = sandbox.ssh(host, "python3 -c \"import urllib.request as u; "
+                                "print(u.urlopen('http://127.0.0.1:9400/metrics').read().decode())\"").stdout
+    assert 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3",' in metrics and "DCGM_FI_DEV_XID_ERRORS" in metrics
+
+    sandbox.set_fault(host, gpu=3, fault="row-remap-failure")
+    run = pyinfra(INVENTORY, DEPLOY, *dcgm)
+    assert run.returncode != 0
+    assert (f"{host.name}: {GPU3}: dcgm_diag is Fail (software: GPU 3 had a row remapping failure: the GPU "
+            "needs service.) (allowed: Pass (dcgmi diag -r 1))") in run.output
+    assert f"{host.name}: {GPU3}: row_remap_failure is 1" in run.output
+    sandbox.clear_faults(host)
+    admitted(pyinfra, host)

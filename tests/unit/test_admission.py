@@ -242,3 +242,27 @@ def test_admission_group_data_defaults_and_validation():
         with pytest.raises(stack.StackConfigError) as err:
             stack.settings_from(data)
         assert err.value.key == key and words in err.value.message
+
+
+# --- DCGM (dcgm: True, where dcgmi is installed) --------------------------------------------------
+@pytest.mark.parametrize("fixture,bad_gpu,words", [
+    ("dcgmi_diag_r1_dcgm3.json", 1, "Page Retirement/Row Remap: GPU 1 had uncorrectable memory errors"),
+    ("dcgmi_diag_r1_dcgm4.json", 2, "software: Page retirement pending on GPU 2."),
+])
+def test_dcgm_diag_fails_the_gpu_it_names_in_either_json_layout(fixture, bad_gpu, words):
+    diag = admission.parse_dcgm_diag(lines(fixture))
+    assert diag.error is None and sorted(diag.results) == [0, 1, 2, 3]
+    gpus = admission.parse_gpu_health(lines("nvidia_smi_admission_h200_x8.csv")[:4])
+    seen = healthy_nvidia(gpus=gpus, driver_bus_ids=[], dcgm=diag)
+    findings = admission.evaluate_nvidia(DEFAULT, seen, 4, nvswitch=True)
+    bad = [f for f in findings if not f.ok]
+    assert [(f.check, f.gpu.split(" (")[0]) for f in bad] == [("dcgm_diag", f"GPU {bad_gpu}")]
+    assert words in bad[0].value and bad[0].threshold == "Pass (dcgmi diag -r 1)"
+    assert sum(f.check == "dcgm_diag" and f.ok for f in findings) == 3   # a Skip is not a failure
+
+
+def test_dcgm_not_run_is_no_check_and_no_report_is_a_failure():
+    assert admission.parse_dcgm_diag([]) is None
+    assert not any(f.check == "dcgm_diag" for f in admission.evaluate_nvidia(DEFAULT, healthy_nvidia(), 8, True))
+    down = admission.parse_dcgm_diag(["Error: Unable to connect to host engine. Host engine connection invalid/disconnected."])
+    assert failed(admission.evaluate_nvidia(DEFAULT, healthy_nvidia(dcgm=down), 8, True)) == [("dcgm_diag", "host")]

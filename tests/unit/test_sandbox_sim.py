@@ -209,3 +209,28 @@ def test_sim_amd_smi_reports_ecc_and_pcie_faults_for_the_admission_checks(tmp_pa
                         ("pcie_width", "GPU 3 (0000:48:00.0)")]
     simgpu.add_fault(root, 0, "missing")
     assert ("visible", "host") in failed()
+
+
+def test_sim_dcgmi_quick_diag_fails_the_faulty_gpu_and_needs_the_host_engine(tmp_path):
+    from gpuserve import admission
+
+    root, _ = _host_root(tmp_path)
+    pidfile = tmp_path / "nv-hostengine.pid"
+    env = {**os.environ, "GPUSERVE_SIM_HARDWARE": str(root / simgpu.HARDWARE_FILE),
+           "GPUSERVE_SIM_FAULTS": str(root / simgpu.FAULTS_FILE), "GPUSERVE_SIM_HOSTENGINE_PID": str(pidfile)}
+
+    def diag():
+        return subprocess.run([sys.executable, str(simgpu.FILES / "sim-dcgmi"), "diag", "-r", "1", "-j"],
+                              env=env, capture_output=True, text=True)
+
+    down = diag()
+    assert down.returncode == 255 and "Unable to connect to host engine" in down.stdout
+    pidfile.write_text(f"{os.getpid()}\n")
+    ok = diag()
+    assert ok.returncode == 0 and admission.parse_dcgm_diag(ok.stdout.splitlines()).results == {i: [
+        ("software", "Pass", "")] for i in range(8)}
+    simgpu.add_fault(root, 6, "row-remap-failure")
+    bad = diag()
+    assert bad.returncode == 226
+    assert admission.parse_dcgm_diag(bad.stdout.splitlines()).results[6] == [
+        ("software", "Fail", "GPU 6 had a row remapping failure: the GPU needs service.")]
