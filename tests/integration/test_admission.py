@@ -1,9 +1,10 @@
 """Admission checks end to end: a converged hopper_x8 host (NVSwitch) is admitted; each simulated
 hardware fault on one GPU makes deploys/gpu_stack.py refuse it, naming host, GPU, check, value
 and threshold; cleared, the host is admitted again. XIDs count since boot, and faults set
-persistent outlive a reboot while transient ones do not.
+persistent outlive a reboot while transient ones do not. A blackwell_x4 (NVLink 5) and an
+mi355x_x4 host (amd-smi) show the same for their own sources.
 
-One host for the module; the tests build on each other in order.
+One set of hosts for the module; the tests build on each other in order.
 """
 
 import pytest
@@ -13,8 +14,13 @@ GPU3 = "GPU 3 (00000000:48:00.0)"
 
 
 @pytest.fixture(scope="module")
-def host(make_hosts):
-    return make_hosts(["hopper_x8"])[0]
+def hosts(make_hosts):
+    return make_hosts(["hopper_x8", "blackwell_x4", "mi355x_x4"])
+
+
+@pytest.fixture(scope="module")
+def host(hosts):
+    return hosts[0]
 
 
 def refused(pyinfra, host):
@@ -31,8 +37,8 @@ def admitted(pyinfra, host):
     return run
 
 
-def test_a_healthy_converged_host_is_admitted(sandbox, host, pyinfra):
-    first = pyinfra(INVENTORY, DEPLOY, "--data", "reboot=allowed").check()
+def test_a_healthy_converged_host_is_admitted(sandbox, hosts, host, pyinfra):
+    first = pyinfra(INVENTORY, DEPLOY, "--data", "reboot=allowed").check()   # all three hosts
     assert "Admission checks" in first.output and "admission failed" not in first.output
     # the checks really ran against the host's tools: nvidia-smi answers every field they query
     from gpuserve.admission import QUERY
@@ -122,3 +128,24 @@ def test_with_dcgm_its_quick_diagnostic_is_one_more_check_and_the_exporter_serve
     assert f"{host.name}: {GPU3}: row_remap_failure is 1" in run.output
     sandbox.clear_faults(host)
     admitted(pyinfra, host)
+
+
+def test_blackwell_nvlink_down_and_amd_ecc_and_pcie_faults_are_refused(sandbox, hosts, pyinfra):
+    _, blackwell, amd = hosts
+    sandbox.set_fault(blackwell, gpu=1, fault="nvlink-down", value=17)
+    out = refused(pyinfra, blackwell)
+    assert (f"{blackwell.name}: GPU 1 (00000000:28:00.0): nvlink is 17/18 links active (down: link 17) "
+            "(allowed: every link active)") in out
+    sandbox.clear_faults(blackwell)
+    admitted(pyinfra, blackwell)
+
+    sandbox.set_fault(amd, gpu=2, fault="ecc-uncorrectable", value=3)
+    sandbox.set_fault(amd, gpu=0, fault="pcie-gen", value=4)
+    out = refused(pyinfra, amd)
+    assert "GPU admission failed (2 check(s))" in out
+    assert (f"{amd.name}: GPU 2 (0000:38:00.0): ecc_uncorrectable is 3 (allowed: <= 0 "
+            "(admission_max_uncorrectable_ecc))") in out
+    assert (f"{amd.name}: GPU 0 (0000:18:00.0): pcie_gen is 16.0 GT/s (max 32.0 GT/s) "
+            "(allowed: >= 32.0 GT/s (the GPU maximum))") in out
+    sandbox.clear_faults(amd)
+    admitted(pyinfra, amd)
