@@ -285,6 +285,14 @@ def _min(setting: int | None, gpu_max: int | None) -> int | None:
     return setting if setting is not None else gpu_max
 
 
+def _gen(n: int | None) -> str:
+    return "[N/A]" if n is None else f"Gen {n}"
+
+
+def _width(n: int | None) -> str:
+    return "[N/A]" if n is None else f"x{n}"
+
+
 def evaluate_nvidia(a: AdmissionSettings, seen: NvidiaHealth, gpu_count: int, nvswitch: bool) -> list[Finding]:
     """Every check on every GPU; a Finding with ok=False for each problem. [] only for an
     empty host: a host with GPUs always gets its passing findings too (they are the report)."""
@@ -329,8 +337,7 @@ def evaluate_nvidia(a: AdmissionSettings, seen: NvidiaHealth, gpu_count: int, nv
             cur, top = number(v[cur_key]), number(v[max_key])
             want = _min(setting, top)
             source = key if setting is not None else "the GPU's maximum"
-            unit = "x" if what == "pcie_width" else "Gen "
-            shown = lambda n: "[N/A]" if n is None else (f"x{n}" if unit == "x" else f"Gen {n}")  # noqa: E731
+            shown = _width if what == "pcie_width" else _gen
             ok = want is None or (cur is not None and cur >= want)
             out.append(Finding(what, g.label, f"{shown(cur)} (max {shown(top)})", f">= {shown(want)} ({source})", ok))
         if nvswitch:
