@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuserve import admission
 from gpuserve.hardware import GPU_MODELS
 from gpuserve.values import url_problem
 
@@ -54,11 +55,19 @@ DEFAULTS: dict[str, object] = {
     "cuda_keyring_version": "1.1-1",
     "cuda_keyring_sha256": None,
     "dcgm": False,
+    "dcgm_version": "4.4.1",
     "rocm_version": "7.2",
     "rocm_repo_url": "https://repo.radeon.com",
     "reboot": "never",
     "reboot_delay": 30,
     "reboot_timeout": 1800,
+    # admission checks (gpuserve.admission) after verification: a host failing one is refused
+    "admission": True,
+    "admission_max_uncorrectable_ecc": 0,
+    "admission_allow_pending_retired_pages": False,
+    "admission_xid_fatal": list(admission.DEFAULT_XID_FATAL),
+    "admission_pcie_min_gen": None,     # None: the GPU's own maximum (pcie.link.gen.max)
+    "admission_pcie_min_width": None,   # None: the GPU's own maximum (pcie.link.width.max)
 }
 
 
@@ -93,6 +102,8 @@ class StackSettings:
     reboot_allowed: bool
     reboot_delay: int
     reboot_timeout: int
+    admission: admission.AdmissionSettings = admission.AdmissionSettings()
+    dcgm_version: str = "4.4.1"
 
     @property
     def vendor(self) -> str | None:
@@ -135,6 +146,36 @@ def _url(data: Mapping, key: str) -> str:
     if why:
         raise StackConfigError(key, why)
     return value.rstrip("/")
+
+
+def _optional_int(data: Mapping, key: str, low: int, high: int) -> int | None:
+    if data.get(key, DEFAULTS[key]) is None:
+        return None
+    try:
+        return _int(data, key, low, high)
+    except StackConfigError:
+        raise StackConfigError(key, f"must be None (the GPU's own maximum) or a whole number from {low} to "
+                                    f"{high}, got {data.get(key)!r}") from None
+
+
+def admission_settings_from(data: Mapping) -> admission.AdmissionSettings:
+    """The admission thresholds of one host's data; StackConfigError naming the key otherwise."""
+    xids = data.get("admission_xid_fatal", DEFAULTS["admission_xid_fatal"])
+    if isinstance(xids, str):   # --data admission_xid_fatal=48,79
+        xids = [x.strip() for x in xids.split(",") if x.strip()]
+        xids = [int(x) if x.isdigit() else x for x in xids]
+    if (not isinstance(xids, (list, tuple))
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 999 for x in xids)):
+        raise StackConfigError("admission_xid_fatal", f"must be a list of XID numbers (1-999), e.g. "
+                                                      f"{list(admission.DEFAULT_XID_FATAL)}, got {xids!r}")
+    return admission.AdmissionSettings(
+        enabled=_bool(data, "admission"),
+        max_uncorrectable_ecc=_int(data, "admission_max_uncorrectable_ecc", 0, 1_000_000),
+        allow_pending_retired_pages=_bool(data, "admission_allow_pending_retired_pages"),
+        xid_fatal=tuple(sorted(set(xids))),
+        pcie_min_gen=_optional_int(data, "admission_pcie_min_gen", 1, 6),
+        pcie_min_width=_optional_int(data, "admission_pcie_min_width", 1, 32),
+    )
 
 
 def settings_from(data: Mapping) -> StackSettings:
@@ -191,6 +232,10 @@ def settings_from(data: Mapping) -> StackSettings:
     if not _ROCM_VERSION.fullmatch(rocm):
         raise StackConfigError("rocm_version", f"must be a ROCm release like '7.2' or '7.2.1', got {rocm!r}")
 
+    dcgm_version = str(data.get("dcgm_version", DEFAULTS["dcgm_version"]))
+    if not re.fullmatch(r"\d+\.\d+\.\d+", dcgm_version):
+        raise StackConfigError("dcgm_version", f"must be an exact DCGM release like '4.4.1', got {dcgm_version!r}")
+
     reboot = data.get("reboot", DEFAULTS["reboot"])
     if reboot not in REBOOT_POLICIES:
         raise StackConfigError("reboot", f"must be one of {', '.join(REBOOT_POLICIES)}, got {reboot!r}")
@@ -203,6 +248,7 @@ def settings_from(data: Mapping) -> StackSettings:
         rocm_repo_url=_url(data, "rocm_repo_url"), reboot_allowed=reboot == "allowed",
         reboot_delay=_int(data, "reboot_delay", 0, 3600),
         reboot_timeout=_int(data, "reboot_timeout", 30, 7200),
+        admission=admission_settings_from(data), dcgm_version=dcgm_version,
     )
 
 
@@ -324,6 +370,8 @@ NOUVEAU_BLACKLIST_TEXT = "# gpuserve: the NVIDIA driver needs nouveau out of the
 FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
 PERSISTENCED_UNIT = "nvidia-persistenced"
 DCGM_UNIT = "nvidia-dcgm"
+DCGM_EXPORTER_UNIT = "nvidia-dcgm-exporter"   # datacenter-gpu-manager-exporter, metrics on :9400
+DCGM_EXPORTER_PORT = 9400
 
 
 def cuda_repo_dir(s: StackSettings, os: str, arch: str) -> str:
@@ -378,8 +426,10 @@ def nvidia_packages(s: StackSettings, os: str) -> list[PackageSpec]:
             specs.append(PackageSpec("nvlsm"))
     if s.cuda_toolkit:
         specs.append(PackageSpec(f"cuda-toolkit-{s.cuda_toolkit}"))
-    if s.dcgm:
-        specs.append(PackageSpec(f"datacenter-gpu-manager-4-cuda{s.cuda_major}"))
+    if s.dcgm:   # DCGM at its exact release, held with the driver; the exporter follows the set
+        specs += [PackageSpec("datacenter-gpu-manager-4-core", s.dcgm_version),
+                  PackageSpec(f"datacenter-gpu-manager-4-cuda{s.cuda_major}", s.dcgm_version),
+                  PackageSpec("datacenter-gpu-manager-exporter")]
     return specs
 
 
@@ -397,7 +447,7 @@ def nvidia_units(s: StackSettings) -> list[str]:
     if s.nvswitch:
         units.append(FABRIC_MANAGER_UNIT)
     if s.dcgm:
-        units.append(DCGM_UNIT)
+        units += [DCGM_UNIT, DCGM_EXPORTER_UNIT]
     return units
 
 

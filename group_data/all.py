@@ -30,3 +30,12 @@ serve_port = 8000
 
 # --- host changes -----------------------------------------------------------------------------
 reboot = "never"                 # "allowed" lets a converge reboot a host whose driver changed
+
+# --- GPU admission (docs/gpu-stack.md, "Admission") ----------------------------------------------
+# Checked per GPU after the GPU stack is verified, and before a host (re-)enters rotation.
+admission = True                         # False: skip the admission checks on these hosts
+admission_max_uncorrectable_ecc = 0      # volatile uncorrectable ECC errors a GPU may have
+admission_allow_pending_retired_pages = False
+admission_xid_fatal = [48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120]  # XIDs since boot that refuse a host
+admission_pcie_min_gen = None            # None: the GPU's own maximum (pcie.link.gen.max)
+admission_pcie_min_width = None          # None: the GPU's own maximum (pcie.link.width.max)

@@ -17,7 +17,9 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import server
 
+from gpuserve import admission as admission_checks
 from gpuserve import stack
+from gpuserve.facts.admission import AmdAdmission, NvidiaAdmission
 from gpuserve.facts.amd import AmdgpuModule, AmdSmiGpus
 from gpuserve.facts.apt import AptHolds, AptPolicy
 from gpuserve.facts.nvidia import (CudaDeviceCount, NvidiaDriverGpus, NvidiaKernelModule, NvidiaSmiGpus,
@@ -133,3 +135,33 @@ def verify_amd(settings: stack.StackSettings):
     problems = stack.check_amd(settings, seen)
     if problems:
         yield fail(stack.failure_message(host.name, problems))
+
+
+def admission_findings(settings: stack.StackSettings) -> list[admission_checks.Finding]:
+    """Every admission check on every GPU of the current host, from its facts now."""
+    a = settings.admission
+    if settings.vendor == "nvidia":
+        seen = host.get_fact(NvidiaAdmission, nvswitch=settings.nvswitch, dcgm=settings.dcgm)
+        return admission_checks.evaluate_nvidia(a, seen, settings.gpu_count, settings.nvswitch)
+    if settings.vendor == "amd":
+        return admission_checks.evaluate_amd(a, host.get_fact(AmdAdmission), settings.gpu_count)
+    return []
+
+
+@operation()
+def admission(settings: stack.StackSettings):
+    """Admission checks (docs/gpu-stack.md, "Admission"): per GPU, visibility and persistence,
+    ECC mode and uncorrectable errors, pending retired pages, row-remap failures, PCIe link
+    against the GPU's maximum, NVLink and fabric manager (NVSwitch hosts), fatal XIDs since boot.
+    Fails the host naming host, GPU, check, value and threshold; `admission: False` skips it.
+    Called after verify_nvidia / verify_amd, and by the move pipeline before a host re-enters rotation."""
+    if not settings.admission.enabled or settings.vendor is None:
+        return
+    if not state.is_executing:   # a prediction would only repeat the facts before the install
+        return
+    findings = admission_findings(settings)
+    for f in findings:
+        if f.ok:
+            logger.debug(f.message(host.name))
+    if admission_checks.failures(findings):
+        yield fail(admission_checks.failure_message(host.name, findings))

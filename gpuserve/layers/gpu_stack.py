@@ -77,6 +77,7 @@ def _nvidia(s: stack.StackSettings, os: str, deb_arch: str) -> None:
     for unit in stack.nvidia_units(s):
         systemd.service(name=f"Run {unit}", service=f"{unit}.service", running=True, enabled=True)
     gpu_ops.verify_nvidia(name="Verify GPUs, NVSwitches, services and CUDA", settings=s)
+    gpu_ops.admission(name="Admission checks (ECC, retired pages, row remap, PCIe, NVLink, XID)", settings=s)
 
 
 def _amd(s: stack.StackSettings, os: str, deb_arch: str) -> None:
@@ -95,3 +96,4 @@ def _amd(s: stack.StackSettings, os: str, deb_arch: str) -> None:
     gpu_ops.reboot_for_driver(name="Reboot to load the amdgpu driver", vendor="amd", package="amdgpu-dkms",
                               allowed=s.reboot_allowed, delay=s.reboot_delay, timeout=s.reboot_timeout)
     gpu_ops.verify_amd(name="Verify GPUs and ROCm", settings=s)
+    gpu_ops.admission(name="Admission checks (ECC, PCIe)", settings=s)

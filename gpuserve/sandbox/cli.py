@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import click
 
 from gpuserve.sandbox.hosts import DEFAULT_PROFILES, Sandbox, default_instance
 from gpuserve.sandbox.network import stop_lxcfs
-from gpuserve.sandbox.simgpu import PROFILES, HostSpec
+from gpuserve.sandbox.simgpu import FAULTS, PROFILES, HostSpec
 from gpuserve.sandbox.util import SandboxError
 
 instance_option = click.option(
@@ -73,6 +74,41 @@ def status(instance: int) -> None:
     for h in hosts:
         proc = box.ssh(h, "systemctl is-system-running", check=False, timeout=10)
         click.echo(f"{h.name}\t{h.ip}\t{h.spec}\t{proc.stdout.strip() or 'unreachable'}")
+
+
+FAULT_HELP = (
+    "Simulate a GPU hardware fault on host NAME, e.g. `gpuserve sandbox fault sandbox-1 --gpu 3 "
+    "ecc-uncorrectable`; `--clear` switches faults off; no FAULT and no --clear lists them.\n\n\b\n"
+    + "\n".join(f"{k}: {v}" for k, v in FAULTS.items()))
+
+
+@sandbox.command(help=FAULT_HELP)
+@click.argument("name")
+@click.argument("fault", required=False, type=click.Choice(sorted(FAULTS)))
+@click.option("--gpu", type=int, default=None, help="GPU index (as in hardware.json); required to set a fault.")
+@click.option("--value", type=int, default=None, help="The fault's number (ECC count, PCIe gen/width, link, XID).")
+@click.option("--transient", is_flag=True, help="Gone at the host's next boot (default: persistent, like hardware).")
+@click.option("--clear", is_flag=True, help="Switch faults off: FAULT on --gpu, all of --gpu, or all of the host.")
+@instance_option
+def fault(name: str, fault: str | None, gpu: int | None, value: int | None, transient: bool, clear: bool,
+          instance: int) -> None:
+    box = Sandbox(instance)
+    host = next((h for h in box.hosts() if h.name == name), None)
+    if host is None:
+        raise click.ClickException(f"no host {name!r} in instance {instance}")
+    try:
+        if clear:
+            for f in box.clear_faults(host, gpu, fault):
+                click.echo(f"cleared: GPU {f['gpu']} {f['fault']}")
+        elif fault:
+            if gpu is None:
+                raise click.ClickException("which GPU? --gpu N")
+            click.echo(json.dumps(box.set_fault(host, gpu, fault, value, persistent=not transient)))
+        else:
+            for f in box.faults(host):
+                click.echo(json.dumps(f))
+    except SandboxError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @sandbox.command(context_settings={"ignore_unknown_options": True})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -111,6 +112,39 @@ class Sandbox:
     def ssh(self, host: SandboxHost, command: str, *, check: bool = True,
             timeout: float = 120) -> subprocess.CompletedProcess:
         return run([*self.ssh_args(host), command], check=check, timeout=timeout)
+
+    def reboot(self, host: SandboxHost, wait: float = 90) -> None:
+        """`systemctl reboot` inside the host, and wait until it runs again under a new boot ID."""
+        boot_id = self.ssh(host, "cat /proc/sys/kernel/random/boot_id").stdout
+        self.ssh(host, "systemctl reboot", check=False)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            p = self.ssh(host, "systemctl is-system-running --wait; cat /proc/sys/kernel/random/boot_id",
+                         check=False, timeout=30)
+            if p.returncode in (0, 1) and p.stdout.split()[-1:] != boot_id.split():
+                return
+            time.sleep(0.5)
+        raise SandboxError(f"{host.name} did not come back from its reboot within {wait:.0f} s")
+
+    # --- simulated hardware faults (simgpu.FAULTS) ----------------------------------------------
+    def set_fault(self, host: SandboxHost, gpu: int, fault: str, value: int | None = None,
+                  persistent: bool = True) -> dict:
+        """Switch a hardware fault on for one GPU of a running host: the stand-in tools report it
+        from now on; an XID is logged to the host's kernel log at once (and again at every boot
+        while the fault is set and persistent). Transient faults end at the host's next boot."""
+        root = self.host_dir(host) / "root"
+        entry = simgpu.add_fault(root, gpu, fault, value, persistent)
+        if fault == "xid":
+            self.ssh(host, f"/{simgpu.BIN_DIR}/kmsg log {shlex.quote(entry['line'])}")
+        return entry
+
+    def clear_faults(self, host: SandboxHost, gpu: int | None = None, fault: str | None = None) -> list[dict]:
+        """Switch faults off (all of the host's, one GPU's, or one kind). A logged XID stays in
+        the kernel log until the host reboots, as on real hardware."""
+        return simgpu.clear_faults(self.host_dir(host) / "root", gpu, fault)
+
+    def faults(self, host: SandboxHost) -> list[dict]:
+        return simgpu.read_faults(self.host_dir(host) / "root")
 
     # --- up / down ----------------------------------------------------------------------------
     def up(self, specs: list[HostSpec], *, wait: float = 120, services: bool = True) -> list[SandboxHost]:

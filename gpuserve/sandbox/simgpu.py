@@ -2,6 +2,9 @@
 
 Inside a host (all paths say "gpuserve-sim"):
     /etc/gpuserve-sim/hardware.json          what is "physically" there (written at host creation)
+    /etc/gpuserve-sim/faults.json            hardware faults switched on from the control node
+                                             (set_fault / `gpuserve sandbox fault`), read by the
+                                             stand-in tools; transient ones are cleared at boot
     /usr/local/lib/gpuserve-sim/bin/         stand-in vendor tools (nvidia-smi, amd-smi), linked
                                              into /usr/bin by the stand-in packages only
     /var/lib/gpuserve-sim/                   state the stand-in packages write (the installed
@@ -27,6 +30,8 @@ from pathlib import Path
 from gpuserve.sandbox.util import SandboxError
 
 HARDWARE_FILE = "etc/gpuserve-sim/hardware.json"
+FAULTS_FILE = "etc/gpuserve-sim/faults.json"
+XID_UNIT = "etc/systemd/system/gpuserve-sim-xid.service"
 BIN_DIR = "usr/local/lib/gpuserve-sim/bin"
 STATE_DIR = "var/lib/gpuserve-sim"
 NVIDIA_MODULE_VERSION_FILE = f"{STATE_DIR}/nvidia-module-version"
@@ -109,10 +114,99 @@ def install(root: Path, spec: HostSpec, host_name: str) -> None:
     (root / HARDWARE_FILE).write_text(json.dumps(hardware(spec, host_name), indent=2) + "\n")
     bin_dir = root / BIN_DIR
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for tool in ("nvidia-smi", "amd-smi"):
+    for tool in ("nvidia-smi", "amd-smi", "kmsg", "dcgmi", "dcgm-exporter"):
         shutil.copyfile(FILES / f"sim-{tool}", bin_dir / tool)
         (bin_dir / tool).chmod(0o755)
     (root / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    # persistent XID faults are logged again at every boot, like a GPU that fails again each time
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    (root / XID_UNIT).write_text(XID_UNIT_TEXT)
+    link = wants / Path(XID_UNIT).name
+    if not link.is_symlink():
+        link.symlink_to(f"/{XID_UNIT}")
+
+
+XID_UNIT_TEXT = f"""[Unit]
+Description=gpuserve sandbox: log the simulated GPUs' persistent XID faults (there is no GPU here)
+After=systemd-journald.service
+
+[Service]
+Type=oneshot
+ExecStart=/{BIN_DIR}/kmsg replay
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+# --- faults -------------------------------------------------------------------------------------
+# name -> what the stand-in tools show for the GPU (value: the number the fault uses, if any)
+FAULTS = {
+    "missing": "nvidia-smi / amd-smi no longer list the GPU (the driver still probed it)",
+    "ecc-uncorrectable": "volatile uncorrectable ECC count = value (default 1)",
+    "retired-pages": "retired_pages.pending = Yes (a page waits for retirement at the next reset)",
+    "row-remap-failure": "remapped_rows.failure = 1 (a row remapping failed: the GPU needs service)",
+    "pcie-gen": "PCIe link trained at generation value (default 3) instead of its maximum",
+    "pcie-width": "PCIe link trained at width value (default 8) instead of its maximum",
+    "nvlink-down": "NVLink link value (default 0) of the GPU <inactive>",
+    "xid": "an `NVRM: Xid (PCI:...): value, ...` kernel log line (default 79, fallen off the bus)",
+}
+FAULT_DEFAULTS = {"ecc-uncorrectable": 1, "pcie-gen": 3, "pcie-width": 8, "nvlink-down": 0, "xid": 79}
+XID_TEXT = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has been detected.",
+            94: "Contained ECC error.", 95: "Uncontained ECC error.", 74: "NVLink Error."}
+
+
+def xid_line(bus_id: str, code: int) -> str:
+    """The kernel log line NVIDIA's driver writes: `NVRM: Xid (PCI:0000:48:00): 79, pid=..., ...`."""
+    pci = bus_id[4:].lower().rsplit(".", 1)[0] if bus_id.count(":") == 2 else bus_id.lower()
+    return (f"NVRM: Xid (PCI:{pci}): {code}, pid=0, name=gpuserve-sim, "
+            f"{XID_TEXT.get(code, 'simulated fault.')}")
+
+
+def read_faults(root: Path) -> list[dict]:
+    try:
+        return json.loads((root / FAULTS_FILE).read_text())["faults"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return []
+
+
+def write_faults(root: Path, faults: list[dict]) -> None:
+    path = root / FAULTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"simulated": "gpuserve sandbox: hardware faults of GPUs that do not exist",
+                               "faults": faults}, indent=2) + "\n")
+    tmp.rename(path)
+
+
+def add_fault(root: Path, gpu: int, fault: str, value: int | None = None, persistent: bool = True) -> dict:
+    """Switch a fault on for GPU `gpu` (its index in hardware.json). Returns the fault entry;
+    a fault of the same name on the same GPU is replaced."""
+    if fault not in FAULTS:
+        raise SandboxError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+    gpus = json.loads((root / HARDWARE_FILE).read_text())["gpus"]
+    if not 0 <= gpu < len(gpus):
+        raise SandboxError(f"no GPU {gpu} on this host (it has {len(gpus)}: 0-{len(gpus) - 1})")
+    entry = {"gpu": gpu, "fault": fault, "persistent": persistent}
+    if fault in FAULT_DEFAULTS:
+        entry["value"] = FAULT_DEFAULTS[fault] if value is None else int(value)
+    if fault == "xid":
+        entry["line"] = xid_line(gpus[gpu]["pci_bus_id"], entry["value"])
+    faults = [f for f in read_faults(root) if not (f["gpu"] == gpu and f["fault"] == fault)]
+    write_faults(root, faults + [entry])
+    return entry
+
+
+def clear_faults(root: Path, gpu: int | None = None, fault: str | None = None) -> list[dict]:
+    """Switch faults off (all, one GPU's, or one kind); returns the ones removed. A logged XID
+    stays in the kernel log until the host reboots, as on real hardware."""
+    keep, gone = [], []
+    for f in read_faults(root):
+        hit = (gpu is None or f["gpu"] == gpu) and (fault is None or f["fault"] == fault)
+        (gone if hit else keep).append(f)
+    write_faults(root, keep)
+    return gone
 
 
 NVIDIA_VERSION_TEXT = (
@@ -127,6 +221,10 @@ def on_boot(root: Path, proc_driver: Path) -> None:
     proc_driver.mkdir(parents=True)
     # persistence mode does not survive a module reload (nvidia-persistenced sets it again)
     (root / STATE_DIR / "persistence-mode").unlink(missing_ok=True)
+    # transient faults end with the boot; persistent ones are the hardware's and stay
+    faults = read_faults(root)
+    if any(not f.get("persistent", True) for f in faults):
+        write_faults(root, [f for f in faults if f.get("persistent", True)])
     try:
         hw = json.loads((root / HARDWARE_FILE).read_text())
     except FileNotFoundError:

@@ -49,6 +49,7 @@ CUDA_ARCH = "x86_64"
 TOOLKIT_VERSION = "13.0.2-1"
 NVLSM_VERSION = "2025.06.6-1"
 DCGM_VERSION = "1:4.4.1-1"
+DCGM_EXPORTER_VERSION = "4.4.1-4.6.0-1"
 # ROCm release -> (rocm package version, amdgpu-dkms version), jammy builds (Debian 12 uses jammy)
 ROCM_RELEASES = {
     "7.1": ("7.1.1.70101-38~22.04", "1:6.14.14.30100100-2212064.22.04"),
@@ -216,11 +217,23 @@ def nvidia_debs(libcuda: bytes, keyring: bytes, sources: tuple[str, str]) -> lis
         Deb("nvlsm", NVLSM_VERSION, "the NVLink subnet manager (NVLink 5 fabrics)",
             files={"/usr/sbin/nvlsm": "#!/bin/sh\necho 'nvlsm: gpuserve sandbox stand-in'\n"},
             executables={"/usr/sbin/nvlsm"}),
-        Deb("datacenter-gpu-manager-4-cuda13", DCGM_VERSION, "NVIDIA DCGM 4 for CUDA 13",
+        Deb("datacenter-gpu-manager-4-core", DCGM_VERSION, "NVIDIA DCGM 4 (core: nv-hostengine, dcgmi)",
             files={"/usr/bin/nv-hostengine": _daemon("nv-hostengine", "4.4.1", hostengine_pid),
                    "/lib/systemd/system/nvidia-dcgm.service": _unit(
                        "NVIDIA DCGM service", "/usr/bin/nv-hostengine", hostengine_pid)},
+            links={"/usr/bin/dcgmi": f"{SIM_BIN}/dcgmi"},
             executables={"/usr/bin/nv-hostengine"}, scripts={"postinst": RELOAD_UNITS}),
+        Deb("datacenter-gpu-manager-4-cuda13", DCGM_VERSION, "NVIDIA DCGM 4 for CUDA 13",
+            depends=[f"datacenter-gpu-manager-4-core (= {DCGM_VERSION})"],
+            files={"/usr/share/doc/datacenter-gpu-manager-4-cuda13/gpuserve-sandbox": "stand-in\n"}),
+        Deb("datacenter-gpu-manager-exporter", DCGM_EXPORTER_VERSION, "NVIDIA DCGM exporter (Prometheus, :9400)",
+            depends=["datacenter-gpu-manager-4-core"],
+            links={"/usr/bin/dcgm-exporter": f"{SIM_BIN}/dcgm-exporter"},
+            files={"/lib/systemd/system/nvidia-dcgm-exporter.service": (
+                "[Unit]\nDescription=NVIDIA DCGM exporter (gpuserve sandbox stand-in)\nAfter=nvidia-dcgm.service\n\n"
+                "[Service]\nExecStart=/usr/bin/dcgm-exporter\nRestart=on-failure\n\n"
+                "[Install]\nWantedBy=multi-user.target\n")},
+            scripts={"postinst": RELOAD_UNITS}),
         Deb("cuda-keyring", "1.1-1", "the CUDA repository keyring and sources entry", arch="all",
             files={stack.CUDA_KEYRING: keyring, sources[0]: sources[1]}, conffiles=[sources[0]]),
     ]

@@ -68,7 +68,8 @@ def test_boot_without_nvswitch_variant_has_no_nvswitch_entries(tmp_path):
 def _smi(root, proc, *args, state=None):
     env = {**os.environ, "GPUSERVE_SIM_HARDWARE": str(root / simgpu.HARDWARE_FILE),
            "GPUSERVE_SIM_PROC_VERSION": str(proc / "nvidia/version"),
-           "GPUSERVE_SIM_STATE": str(state or root / simgpu.STATE_DIR)}
+           "GPUSERVE_SIM_STATE": str(state or root / simgpu.STATE_DIR),
+           "GPUSERVE_SIM_FAULTS": str(root / simgpu.FAULTS_FILE)}
     return subprocess.run([sys.executable, str(SIM_SMI), *args], capture_output=True, text=True, env=env)
 
 
@@ -103,3 +104,133 @@ def test_sim_nvidia_smi_persistence_mode(tmp_path):
     # a reboot reloads the module: persistence mode is gone until something sets it again
     simgpu.on_boot(root, proc)
     assert set(_smi(root, proc, *query).stdout.split()) == {"Disabled"}
+
+
+# --- simulated hardware faults -------------------------------------------------------------------
+def _admission(root, proc):
+    from gpuserve import admission
+
+    query = _smi(root, proc, f"--query-gpu={admission.QUERY}", "--format=csv,noheader,nounits")
+    assert query.returncode == 0, query.stderr
+    links = _smi(root, proc, "nvlink", "-s")
+    return admission.NvidiaHealth(admission.parse_gpu_health(query.stdout.splitlines()),
+                                  admission.parse_nvlink_status(links.stdout.splitlines()), [],
+                                  [], fabric_manager="active")
+
+
+def _failed(root, proc, count=8):
+    from gpuserve import admission
+
+    seen = _admission(root, proc)
+    findings = admission.evaluate_nvidia(admission.AdmissionSettings(), seen, count, nvswitch=True)
+    return sorted((f.check, f.gpu.split(" (")[0]) for f in findings if not f.ok and f.check != "persistence")
+
+
+@pytest.mark.parametrize("fault,check", [
+    ("ecc-uncorrectable", "ecc_uncorrectable"), ("retired-pages", "retired_pages_pending"),
+    ("row-remap-failure", "row_remap_failure"), ("pcie-gen", "pcie_gen"), ("pcie-width", "pcie_width"),
+    ("nvlink-down", "nvlink"),
+])
+def test_each_sim_fault_shows_in_nvidia_smi_and_fails_its_admission_check(tmp_path, fault, check):
+    root, proc = _host_root(tmp_path, module_version="580.95.05")
+    assert _failed(root, proc) == []
+    simgpu.add_fault(root, 3, fault)
+    assert _failed(root, proc) == [(check, "GPU 3")]
+    assert [f["fault"] for f in simgpu.clear_faults(root, gpu=3)] == [fault]
+    assert _failed(root, proc) == []
+
+
+def test_a_missing_gpu_is_not_listed_and_the_rest_are_renumbered(tmp_path):
+    root, proc = _host_root(tmp_path, module_version="580.95.05")
+    simgpu.add_fault(root, 2, "missing")
+    seen = _admission(root, proc)
+    assert [g.index for g in seen.gpus.gpus] == list(range(7))
+    assert "00000000:38:00.0" not in [g.bus_id for g in seen.gpus.gpus]
+    assert sorted(seen.nvlinks.links) == list(range(7))
+    assert _failed(root, proc) == [("visible", "host")]
+
+
+def test_faults_survive_a_boot_when_persistent_and_end_with_it_when_transient(tmp_path):
+    root, proc = _host_root(tmp_path, module_version="580.95.05")
+    simgpu.add_fault(root, 1, "pcie-width", value=4)
+    simgpu.add_fault(root, 6, "ecc-uncorrectable", persistent=False)
+    entry = simgpu.add_fault(root, 2, "xid", value=48)
+    assert entry["line"].startswith("NVRM: Xid (PCI:0000:38:00): 48, ")
+    simgpu.on_boot(root, proc)
+    assert [(f["gpu"], f["fault"]) for f in simgpu.read_faults(root)] == [(1, "pcie-width"), (2, "xid")]
+    assert _failed(root, proc) == [("pcie_width", "GPU 1")]
+
+
+def test_fault_api_refuses_unknown_faults_and_gpus(tmp_path):
+    root, _ = _host_root(tmp_path)
+    with pytest.raises(SandboxError, match="unknown fault 'melted'"):
+        simgpu.add_fault(root, 0, "melted")
+    with pytest.raises(SandboxError, match="no GPU 8 on this host"):
+        simgpu.add_fault(root, 8, "xid")
+    assert (root / simgpu.XID_UNIT).read_text().count("kmsg replay") == 1
+
+
+def test_sim_kmsg_replays_the_xid_lines_of_persistent_faults(tmp_path):
+    root, _ = _host_root(tmp_path)
+    simgpu.add_fault(root, 0, "xid")
+    logged = tmp_path / "logged"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "logger").write_text(f"#!/bin/sh\necho \"$@\" >> {logged}\n")
+    (fake / "logger").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "GPUSERVE_SIM_FAULTS": str(root / simgpu.FAULTS_FILE)}
+    out = subprocess.run([sys.executable, str(simgpu.FILES / "sim-kmsg"), "replay"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert logged.read_text() == ("-p kern.err -t kernel NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=gpuserve-sim, "
+                                  "GPU has fallen off the bus.\n")
+
+
+def test_sim_amd_smi_reports_ecc_and_pcie_faults_for_the_admission_checks(tmp_path):
+    from gpuserve import admission
+
+    root, _ = _host_root(tmp_path, spec="mi355x_x4")
+    loaded = tmp_path / "amdgpu-loaded"
+    loaded.write_text("6.16.6\n")
+    env = {**os.environ, "GPUSERVE_SIM_HARDWARE": str(root / simgpu.HARDWARE_FILE),
+           "GPUSERVE_SIM_AMDGPU_LOADED": str(loaded), "GPUSERVE_SIM_FAULTS": str(root / simgpu.FAULTS_FILE)}
+
+    def failed():
+        out = [subprocess.run([sys.executable, str(simgpu.FILES / "sim-amd-smi"), *args], env=env,
+                              capture_output=True, text=True).stdout
+               for args in (("metric", "--ecc", "--pcie"), ("static", "--bus"))]
+        seen = admission.parse_amd_smi_blocks("".join(out).splitlines())
+        return [(f.check, f.gpu) for f in admission.evaluate_amd(admission.AdmissionSettings(), seen, 4) if not f.ok]
+
+    assert failed() == []
+    simgpu.add_fault(root, 1, "ecc-uncorrectable", value=2)
+    simgpu.add_fault(root, 2, "pcie-gen", value=4)
+    simgpu.add_fault(root, 3, "pcie-width")
+    assert failed() == [("ecc_uncorrectable", "GPU 1 (0000:28:00.0)"), ("pcie_gen", "GPU 2 (0000:38:00.0)"),
+                        ("pcie_width", "GPU 3 (0000:48:00.0)")]
+    simgpu.add_fault(root, 0, "missing")
+    assert ("visible", "host") in failed()
+
+
+def test_sim_dcgmi_quick_diag_fails_the_faulty_gpu_and_needs_the_host_engine(tmp_path):
+    from gpuserve import admission
+
+    root, _ = _host_root(tmp_path)
+    pidfile = tmp_path / "nv-hostengine.pid"
+    env = {**os.environ, "GPUSERVE_SIM_HARDWARE": str(root / simgpu.HARDWARE_FILE),
+           "GPUSERVE_SIM_FAULTS": str(root / simgpu.FAULTS_FILE), "GPUSERVE_SIM_HOSTENGINE_PID": str(pidfile)}
+
+    def diag():
+        return subprocess.run([sys.executable, str(simgpu.FILES / "sim-dcgmi"), "diag", "-r", "1", "-j"],
+                              env=env, capture_output=True, text=True)
+
+    down = diag()
+    assert down.returncode == 255 and "Unable to connect to host engine" in down.stdout
+    pidfile.write_text(f"{os.getpid()}\n")
+    ok = diag()
+    assert ok.returncode == 0 and admission.parse_dcgm_diag(ok.stdout.splitlines()).results == {i: [
+        ("software", "Pass", "")] for i in range(8)}
+    simgpu.add_fault(root, 6, "row-remap-failure")
+    bad = diag()
+    assert bad.returncode == 226
+    assert admission.parse_dcgm_diag(bad.stdout.splitlines()).results[6] == [
+        ("software", "Fail", "GPU 6 had a row remapping failure: the GPU needs service.")]

@@ -39,6 +39,7 @@ def test_defaults_and_derived_values():
     ({"rocm_version": "latest"}, "rocm_version", "ROCm release"),
     ({"reboot": "yes"}, "reboot", "never, allowed"),
     ({"dcgm": "True"}, "dcgm", "True or False"),
+    ({"dcgm_version": "4.4"}, "dcgm_version", "exact DCGM release like '4.4.1'"),
     ({**MI355X, "nvswitch": True}, "nvswitch", "no NVSwitches"),
     ({"cuda_keyring_sha256": "abc"}, "cuda_keyring_sha256", "64 lowercase hex"),
 ])
@@ -80,15 +81,20 @@ def test_nvidia_packages_follow_the_declared_hardware():
         ("nvidia-driver-pinning-580", None), ("nvidia-open", v), ("nvidia-kernel-open-dkms", v),
         ("nvidia-persistenced", v), ("nvidia-fabricmanager", v), ("libnvidia-nscq", v),
         ("cuda-toolkit-13-0", None)]
-    blackwell = [p.name for p in stack.nvidia_packages(settings(BLACKWELL, dcgm=True), "debian12")]
-    assert "nvlsm" in blackwell and "datacenter-gpu-manager-4-cuda13" in blackwell
+    blackwell = _names(stack.nvidia_packages(settings(BLACKWELL, dcgm=True), "debian12"))
+    assert ("nvlsm", None) in blackwell
+    # DCGM: core and the CUDA-major package at the exact DCGM release, the exporter with the set
+    assert blackwell[-3:] == [("datacenter-gpu-manager-4-core", "4.4.1"),
+                              ("datacenter-gpu-manager-4-cuda13", "4.4.1"), ("datacenter-gpu-manager-exporter", None)]
+    assert _names(stack.nvidia_packages(settings(HOPPER, dcgm=True, dcgm_version="4.5.0"), "debian12"))[-2] == (
+        "datacenter-gpu-manager-4-cuda13", "4.5.0")
     plain = [p.name for p in stack.nvidia_packages(settings(HOPPER, nvswitch=False, cuda_toolkit=None), "debian12")]
     assert not {"nvidia-fabricmanager", "libnvidia-nscq", "nvlsm"} & set(plain)
     assert not any(n.startswith("cuda-toolkit") for n in plain)
     proprietary = _names(stack.nvidia_packages(settings(HOPPER, nvidia_driver_flavour="proprietary"), "debian12"))
     assert ("cuda-drivers", v) in proprietary and ("nvidia-kernel-dkms", v) in proprietary
     assert stack.nvidia_units(settings(HOPPER, dcgm=True)) == [
-        "nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm"]
+        "nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "nvidia-dcgm-exporter"]
 
 
 def test_ubuntu_names_carry_the_branch_until_590():

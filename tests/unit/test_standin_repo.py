@@ -43,7 +43,8 @@ def test_cuda_repository_has_the_real_names_and_versions(repo):
             assert (name, f"{v}-1") in pkgs
     assert {("nvidia-driver-pinning-580", "1.0-1"), ("nvidia-driver-pinning-590", "1.0-1"),
             ("cuda-toolkit-13-0", "13.0.2-1"), ("nvlsm", "2025.06.6-1"), ("cuda-keyring", "1.1-1"),
-            ("datacenter-gpu-manager-4-cuda13", "1:4.4.1-1")} <= pkgs
+            ("datacenter-gpu-manager-4-cuda13", "1:4.4.1-1"), ("datacenter-gpu-manager-4-core", "1:4.4.1-1"),
+            ("datacenter-gpu-manager-exporter", "4.4.1-4.6.0-1")} <= pkgs
     # signed by the key the keyring package installs, as apt will check it
     keyring = repo / "keyring.gpg"
     deb = cuda / "cuda-keyring_1.1-1_all.deb"
