@@ -22,14 +22,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpuserve.sandbox import network  # noqa: E402
-from gpuserve.sandbox.hosts import Sandbox  # noqa: E402
-from gpuserve.sandbox.hub import (SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED,  # noqa: E402
+from gpuserve_sandbox import network  # noqa: E402
+from gpuserve_sandbox.hosts import Sandbox  # noqa: E402
+from gpuserve_sandbox.hub import (SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED,  # noqa: E402
                                   publish_checkpoint, publish_tiny_checkpoint, serve_in_thread)
-from gpuserve.sandbox.runner import PyinfraRun, run_pyinfra  # noqa: E402
-from gpuserve.sandbox.services import ensure_api_keys, ensure_wheelhouse  # noqa: E402
-from gpuserve.sandbox.simgpu import HostSpec  # noqa: E402
-from gpuserve.sandbox.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
+from gpuserve_sandbox.runner import PyinfraRun, run_pyinfra  # noqa: E402
+from gpuserve_sandbox.services import ensure_api_keys, ensure_wheelhouse  # noqa: E402
+from gpuserve_sandbox.simgpu import HostSpec  # noqa: E402
+from gpuserve_sandbox.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 
 INV = "inventories/sandbox.py"
 

@@ -18,9 +18,9 @@ import time
 from benchfleet import arguments, fleet, median, table
 
 from gpuserve import layout
-from gpuserve.sandbox import fleet as view
-from gpuserve.sandbox.loadloop import LoadLoop
-from gpuserve.sandbox.services import sandbox_group_data
+from gpuserve_sandbox import fleet as view
+from gpuserve_sandbox.loadloop import LoadLoop
+from gpuserve_sandbox.services import sandbox_group_data
 
 DEP = "minimax"
 ROUNDS = 3

@@ -16,7 +16,7 @@ from __future__ import annotations
 from benchfleet import SANDBOX_SEED, arguments, fleet, table
 
 from gpuserve import layout
-from gpuserve.sandbox.fleet import rx_bytes, wire
+from gpuserve_sandbox.fleet import rx_bytes, wire
 
 NVME = "/srv/nvme"  # group_data/sandbox.py
 HIDDEN = 1024

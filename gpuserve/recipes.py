@@ -27,7 +27,7 @@ import yaml
 
 from gpuserve.engine_flags import SGLANG_FLAGS, VLLM_FLAGS
 from gpuserve.errors import ConfigError, Problem
-from gpuserve.engine import module_entry_point
+from gpuserve.packages import module_entry_point
 from gpuserve.hardware import GPU_MODELS
 
 if TYPE_CHECKING:  # only for annotations: config imports this module

@@ -34,7 +34,8 @@ from typing import Any, Iterable
 import click
 
 from gpuserve import recipes
-from gpuserve.engine import normalize
+from gpuserve.packages import normalize
+from gpuserve.locks import file_lock
 
 MANIFEST = "manifest.json"
 SUMS = "SHA256SUMS"
@@ -204,8 +205,6 @@ def build_set(dest: str | os.PathLike, package: str, version: str, python: str, 
     2.13.0+cpu or +cu129 live there, not on PyPI); None uses only pip's own configuration
     (e.g. a find-links directory that already holds the torch wheel); else an index URL.
     """
-    from gpuserve.sandbox.util import file_lock
-
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     name = set_name(package, version, python, torch_backend, arch)

@@ -5,7 +5,7 @@ Groups are the simulated hardware profiles; pyinfra also puts every host in grou
 Instance: $GPUSERVE_SANDBOX_INSTANCE (default 0). Empty until the sandbox is up.
 """
 
-from gpuserve.sandbox.inventory import group
+from gpuserve_sandbox.inventory import group
 
 hopper_x8 = group("hopper_x8")
 blackwell_x4 = group("blackwell_x4")

@@ -20,9 +20,9 @@ TEST_INSTANCE = int(os.environ.get("GPUSERVE_TEST_INSTANCE", "99"))
 def sandbox():
     """The test instance, started from nothing: whatever an earlier run (or a developer's
     `gpuserve sandbox up --instance 99`) left of it is stopped and removed first, so no run can
-    pass on an earlier run's state (gpuserve.sandbox.isolation)."""
-    from gpuserve.sandbox.hosts import Sandbox
-    from gpuserve.sandbox.isolation import reset_instance
+    pass on an earlier run's state (gpuserve_sandbox.isolation)."""
+    from gpuserve_sandbox.hosts import Sandbox
+    from gpuserve_sandbox.isolation import reset_instance
 
     if os.geteuid() != 0:
         pytest.fail("integration tests build sandbox hosts and need root (or deselect: -m 'not sandbox')")
@@ -40,8 +40,8 @@ def sandbox_hub(sandbox, tmp_path_factory):
 
     Module-scoped on purpose: a module that converges the weights layer must ask for it, and
     gets a hub of its own that stops when the module ends (see the guard below)."""
-    from gpuserve.sandbox import network
-    from gpuserve.sandbox.hub import (SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED,
+    from gpuserve_sandbox import network
+    from gpuserve_sandbox.hub import (SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED,
                                       publish_tiny_checkpoint, serve_in_thread)
 
     network.ensure_bridge(sandbox.instance)
@@ -62,8 +62,8 @@ def _integration_module_starts_clean(request):
     if "/integration/" not in str(request.path):
         yield
         return
-    from gpuserve.sandbox.hosts import Sandbox
-    from gpuserve.sandbox.isolation import empty_checkpoint_cache, foreign_listeners, session_ports
+    from gpuserve_sandbox.hosts import Sandbox
+    from gpuserve_sandbox.isolation import empty_checkpoint_cache, foreign_listeners, session_ports
 
     box = Sandbox(TEST_INSTANCE)
     empty_checkpoint_cache(box)
@@ -80,7 +80,7 @@ def _integration_module_starts_clean(request):
 @pytest.fixture(scope="module")
 def make_hosts(sandbox):
     """Fresh sandbox hosts for one test module: make_hosts(["hopper_x8", "blackwell_x4"])."""
-    from gpuserve.sandbox.simgpu import HostSpec
+    from gpuserve_sandbox.simgpu import HostSpec
 
     def make(specs: list[str]):
         # the tests serve their own hub (sandbox_hub: byte counters, fault injection)
@@ -95,7 +95,7 @@ def sandbox_wheelhouse():
     ``wheelhouse``): built once per machine (about a minute, 922 MB) and kept across runs.
     torch 2.13.0+cpu comes from pip's configuration here; elsewhere set GPUSERVE_TORCH_INDEX
     (e.g. https://download.pytorch.org/whl/cpu)."""
-    from gpuserve.sandbox.services import ensure_wheelhouse
+    from gpuserve_sandbox.services import ensure_wheelhouse
 
     return ensure_wheelhouse()
 
@@ -103,7 +103,7 @@ def sandbox_wheelhouse():
 @pytest.fixture
 def pyinfra(sandbox, sandbox_wheelhouse):
     """pyinfra(inventory, deploy, *args) -> PyinfraRun against the test sandbox."""
-    from gpuserve.sandbox.runner import run_pyinfra
+    from gpuserve_sandbox.runner import run_pyinfra
 
     def go(inventory: str, deploy: str, *extra: str, **kw):
         return run_pyinfra(inventory, deploy, *extra, instance=sandbox.instance, **kw)

@@ -139,7 +139,7 @@ def write_inventory(directory, host_data: dict, group_data: dict, extra_hosts: s
     wins over group 'sandbox', which still applies (group_data/ of the cwd, the repo)."""
     inventory = directory / "bad_input.py"
     inventory.write_text(
-        "from gpuserve.sandbox.inventory import group\n\n"
+        "from gpuserve_sandbox.inventory import group\n\n"
         f"{PROFILE} = [(name, {{**data, **{host_data!r}}}) for name, data in group({PROFILE!r})]\n"
         f"{extra_hosts}"
         f"sandbox = [name for name, _ in {PROFILE}]\n"

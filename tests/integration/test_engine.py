@@ -26,7 +26,7 @@ import pytest
 from gpuserve import engine as eng
 from gpuserve import layout
 from gpuserve import wheelhouse as wh
-from gpuserve.sandbox.runner import REPO
+from gpuserve_sandbox.runner import REPO
 
 INVENTORY, DEPLOY = "inventories/sandbox.py", "deploys/serve.py"
 WHEELHOUSE = "/var/tmp/gpuserve-sandbox/wheelhouse"  # group_data/sandbox.py

@@ -55,7 +55,7 @@ def test_a_dead_lxcfs_mount_is_detached_and_lxcfs_started_again(sandbox, tmp_pat
     import shutil
     import signal
 
-    from gpuserve.sandbox import network
+    from gpuserve_sandbox import network
 
     if not shutil.which("lxcfs"):
         pytest.skip("lxcfs is not installed (dev/bootstrap.sh installs it)")

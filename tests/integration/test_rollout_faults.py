@@ -17,10 +17,10 @@ import pytest
 
 from gpuserve import layout
 from gpuserve.rollout import LOCK_FILE, LockHolder, drain_flag
-from gpuserve.sandbox import fleet as view
-from gpuserve.sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
-from gpuserve.sandbox.loadloop import LoadLoop
-from gpuserve.sandbox.runner import REPO
+from gpuserve_sandbox import fleet as view
+from gpuserve_sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
+from gpuserve_sandbox.loadloop import LoadLoop
+from gpuserve_sandbox.runner import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ import re
 import pytest
 
 from gpuserve import layout
-from gpuserve.sandbox import fleet as fleet_view
-from gpuserve.sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
-from gpuserve.sandbox.loadloop import LoadLoop
-from gpuserve.sandbox.services import api_keys_path
+from gpuserve_sandbox import fleet as fleet_view
+from gpuserve_sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
+from gpuserve_sandbox.loadloop import LoadLoop
+from gpuserve_sandbox.services import api_keys_path
 
 INV, SERVE, UPGRADE, ROLLBACK = ("inventories/sandbox.py", "deploys/serve.py", "deploys/upgrade.py",
                                  "deploys/rollback.py")

@@ -19,9 +19,9 @@ import pytest
 
 from gpuserve import layout
 from gpuserve import weights as w
-from gpuserve.sandbox.fleet import rx_bytes, wire
-from gpuserve.sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
-from gpuserve.sandbox.runner import REPO
+from gpuserve_sandbox.fleet import rx_bytes, wire
+from gpuserve_sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
+from gpuserve_sandbox.runner import REPO
 
 NVME = "/srv/nvme"  # group_data/sandbox.py
 REPO_DIR = layout.model_repo_dir(NVME, SANDBOX_REPO)
@@ -163,8 +163,8 @@ def test_a_flipped_byte_is_caught_and_only_that_file_is_repaired(sandbox, hosts,
 def test_kill_9_mid_transfer_then_rerun_ends_verified(sandbox, hosts, sandbox_hub, cache, converge,
                                                       tmp_path):
     # a bigger revision (33 MB, every shard new), sent at 4 MiB/s: time to kill it mid-transfer
-    from gpuserve.sandbox.hub import publish_checkpoint
-    from gpuserve.sandbox.tiny_checkpoint import make_tiny_checkpoint
+    from gpuserve_sandbox.hub import publish_checkpoint
+    from gpuserve_sandbox.tiny_checkpoint import make_tiny_checkpoint
 
     big = make_tiny_checkpoint(tmp_path / "big", seed=SANDBOX_SEED, variant=2, hidden_size=512)
     sha = publish_checkpoint(sandbox_hub.root, SANDBOX_REPO, tmp_path / "big", branch=None)

@@ -26,7 +26,7 @@ from huggingface_hub.utils import close_session  # noqa: E402
 from gpuserve import checkpoints as cp  # noqa: E402
 from gpuserve import weights as w  # noqa: E402
 from gpuserve.cli import main as cli  # noqa: E402
-from gpuserve.sandbox.hub import (  # noqa: E402
+from gpuserve_sandbox.hub import (  # noqa: E402
     SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint, serve_in_thread)
 
 REPO = "acme/tiny-moe"
@@ -164,7 +164,7 @@ def test_control_node_space_is_checked_before_downloading(hub, published, tmp_pa
 
 
 def test_a_local_directory_is_hashed_once_and_served_in_place(published, tmp_path):
-    from gpuserve.sandbox.tiny_checkpoint import make_tiny_checkpoint
+    from gpuserve_sandbox.tiny_checkpoint import make_tiny_checkpoint
 
     info = make_tiny_checkpoint(tmp_path / "ckpt", seed=5)
     sha = "1" * 40

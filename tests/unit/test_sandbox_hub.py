@@ -27,7 +27,7 @@ from huggingface_hub.errors import (  # noqa: E402
     RevisionNotFoundError,
 )
 
-from gpuserve.sandbox.hub import (  # noqa: E402
+from gpuserve_sandbox.hub import (  # noqa: E402
     commit_sha_for_dir,
     git_blob_sha1,
     publish_checkpoint,
@@ -35,7 +35,7 @@ from gpuserve.sandbox.hub import (  # noqa: E402
     serve_in_thread,
     set_ref,
 )
-from gpuserve.sandbox.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
+from gpuserve_sandbox.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 
 REPO = "acme/tiny-moe"
 SHARD = "model-00002-of-00004.safetensors"
@@ -302,7 +302,7 @@ def test_publish_tiny_and_cli(tmp_path):
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "gpuserve.sandbox.hub", "--root", str(tmp_path / "root"),
+    proc = subprocess.Popen([sys.executable, "-m", "gpuserve_sandbox.hub", "--root", str(tmp_path / "root"),
                              "--bind", "127.0.0.1", "--port", str(port), "--publish-tiny", "acme/cli2", "--seed", "5",
                              "--variant", "2"], stdout=subprocess.PIPE, text=True)
     try:

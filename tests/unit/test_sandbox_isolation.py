@@ -1,6 +1,6 @@
 """The guard that keeps a test run from passing on an earlier run's daemons reads `ss`."""
 
-from gpuserve.sandbox.isolation import parse_ss
+from gpuserve_sandbox.isolation import parse_ss
 
 SS = """\
 LISTEN 0      5      10.231.99.1:8900       0.0.0.0:*    users:(("python",pid=4242,fd=3))

@@ -3,7 +3,7 @@
 import signal
 import subprocess
 
-from gpuserve.sandbox import network
+from gpuserve_sandbox import network
 
 
 def test_signal_pidfile_reaches_a_live_process(tmp_path):

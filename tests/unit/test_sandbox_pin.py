@@ -1,8 +1,8 @@
 """group_data/sandbox.py pins the tiny test checkpoint by commit sha; the sandbox hub publishes it
 from code. If the checkpoint generator changes, this fails and prints the sha to pin instead."""
 
-from gpuserve.sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
-from gpuserve.sandbox.services import sandbox_group_data
+from gpuserve_sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
+from gpuserve_sandbox.services import sandbox_group_data
 
 
 def test_the_published_tiny_checkpoint_is_the_one_group_data_pins(tmp_path):

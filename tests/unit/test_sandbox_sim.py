@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from gpuserve.sandbox import simgpu
-from gpuserve.sandbox.simgpu import HostSpec
-from gpuserve.sandbox.util import SandboxError
+from gpuserve_sandbox import simgpu
+from gpuserve_sandbox.simgpu import HostSpec
+from gpuserve_sandbox.util import SandboxError
 
 SIM_SMI = simgpu.FILES / "sim-nvidia-smi"
 

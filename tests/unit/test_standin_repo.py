@@ -10,8 +10,8 @@ import pytest
 from gpuserve import stack
 from gpuserve.facts.amd import parse_amd_smi_static, parse_amd_versions
 from gpuserve.facts.nvidia import CUDA_CHECK, parse_cuda_check
-from gpuserve.sandbox import simgpu, standin_repo
-from gpuserve.sandbox.simgpu import HostSpec
+from gpuserve_sandbox import simgpu, standin_repo
+from gpuserve_sandbox.simgpu import HostSpec
 
 CUDA_URL = "http://10.231.250.1:8081/cuda/repos"
 ROCM_URL = "http://10.231.250.1:8081/radeon"

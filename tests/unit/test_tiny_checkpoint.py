@@ -12,7 +12,7 @@ pytest.importorskip("tokenizers")
 
 from safetensors.numpy import load_file  # noqa: E402
 
-from gpuserve.sandbox.tiny_checkpoint import CHAT_TEMPLATE, VOCAB_SIZE, make_tiny_checkpoint  # noqa: E402
+from gpuserve_sandbox.tiny_checkpoint import CHAT_TEMPLATE, VOCAB_SIZE, make_tiny_checkpoint  # noqa: E402
 
 
 def _bytes(d, name):

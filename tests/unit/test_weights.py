@@ -263,7 +263,7 @@ def test_a_second_sync_at_the_same_time_is_refused(tmp_path):
 
 
 def test_http_fetch_resumes_with_a_range_request(tmp_path):
-    from gpuserve.sandbox.hub import publish_checkpoint, serve_in_thread
+    from gpuserve_sandbox.hub import publish_checkpoint, serve_in_thread
 
     src = make_source(tmp_path, "src", {"model.safetensors": os.urandom(300_000)})
     sha = publish_checkpoint(tmp_path / "hub", "acme/tiny", src)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
+
+from gpuserve.locks import file_lock  # noqa: F401 - the sandbox's modules import it from here
 
 
 class SandboxError(RuntimeError):
@@ -31,14 +31,3 @@ def run(cmd: Sequence[str], *, check: bool = True, timeout: float | None = None,
         out = (out if text else out.decode(errors="replace")).strip()[-2000:]
         raise SandboxError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {out}")
     return proc
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from gpuserve.sandbox.util import SandboxError, log, run
+from gpuserve_sandbox.util import SandboxError, log, run
 
 APT_CACHE_PORT = 3142
 

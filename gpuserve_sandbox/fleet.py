@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 
 from gpuserve import layout
-from gpuserve.sandbox.hosts import Sandbox, SandboxHost
-from gpuserve.sandbox.services import api_keys_path
+from gpuserve_sandbox.hosts import Sandbox, SandboxHost
+from gpuserve_sandbox.services import api_keys_path
 
 PROXY_PORT = 8443   # group_data/all.py's proxy_port
 
@@ -67,7 +67,7 @@ def chat(sandbox: Sandbox, host: SandboxHost, certs: Path, key: str, model: str)
 
 
 def endpoints(sandbox: Sandbox, hosts: list[SandboxHost], certs: Path) -> dict[str, tuple[str, str]]:
-    """What gpuserve.sandbox.loadloop.LoadLoop takes: host name -> (proxy URL, CA file)."""
+    """What gpuserve_sandbox.loadloop.LoadLoop takes: host name -> (proxy URL, CA file)."""
     return {h.name: (f"https://{h.ip}:{PROXY_PORT}", str(host_ca(sandbox, h, certs))) for h in hosts}
 
 

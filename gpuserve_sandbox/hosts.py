@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpuserve.sandbox import image, network, simgpu, standin_repo
-from gpuserve.sandbox import services as services_mod
-from gpuserve.sandbox.simgpu import HostSpec
-from gpuserve.sandbox.util import SandboxError, file_lock, log, run
+from gpuserve_sandbox import image, network, simgpu, standin_repo
+from gpuserve_sandbox import services as services_mod
+from gpuserve_sandbox.simgpu import HostSpec
+from gpuserve_sandbox.util import SandboxError, file_lock, log, run
 
 DEFAULT_ROOT = "/var/tmp/gpuserve-sandbox"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -151,7 +151,7 @@ class Sandbox:
         """Replace this instance's hosts with fresh ones, booted and answering SSH.
 
         ``services``: also start the instance's hub and make sure the engine's wheelhouse exists
-        (gpuserve.sandbox.services); tests that serve their own hub pass False.
+        (gpuserve_sandbox.services); tests that serve their own hub pass False.
         """
         if os.geteuid() != 0:
             raise SandboxError("the sandbox needs root (network namespaces, mounts, nspawn)")
@@ -299,7 +299,7 @@ class Sandbox:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                 # a pure cgroup2 tree inside: systemd can then kill a unit's whole process group
                 # (in this machine's hybrid layout it fails with EIO and leaves processes behind)
-                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
                      "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"},
             )
         (hdir / "nspawn.pid").write_text(str(proc.pid))

@@ -76,7 +76,7 @@ SANDBOX_SEED = 0
 
 def sandbox_endpoint(instance: int | None = None) -> str:
     """``http://10.231.<instance>.1:8900``; instance from $GPUSERVE_SANDBOX_INSTANCE (default 0)."""
-    from gpuserve.sandbox.network import bridge_ip
+    from gpuserve_sandbox.network import bridge_ip
 
     if instance is None:
         instance = int(os.environ.get("GPUSERVE_SANDBOX_INSTANCE", "0"))
@@ -180,10 +180,10 @@ def publish_tiny_checkpoint(root: str | os.PathLike, repo_id: str, *, seed: int,
                             branch: str | None = "main") -> tuple[str, dict[str, Any]]:
     """Make the tiny checkpoint (``seed``, ``variant``) and publish it as a commit of ``repo_id``.
 
-    Returns ``(sha, info)`` with ``info`` from :func:`~gpuserve.sandbox.tiny_checkpoint.make_tiny_checkpoint`
+    Returns ``(sha, info)`` with ``info`` from :func:`~gpuserve_sandbox.tiny_checkpoint.make_tiny_checkpoint`
     (its ``path`` is a temporary directory, already removed).
     """
-    from gpuserve.sandbox.tiny_checkpoint import make_tiny_checkpoint
+    from gpuserve_sandbox.tiny_checkpoint import make_tiny_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="tiny-ckpt-") as tmp:
         info = make_tiny_checkpoint(tmp, seed=seed, variant=variant)
@@ -797,7 +797,7 @@ def serve_in_thread(root: str | os.PathLike, host: str = "127.0.0.1", port: int 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m gpuserve.sandbox.hub",
+        prog="python -m gpuserve_sandbox.hub",
         description="Local Hugging Face Hub look-alike for tests and the sandbox (not for production).",
     )
     ap.add_argument("--root", required=True, help="hub storage directory (<org>/<name>/<sha>/..., refs/)")

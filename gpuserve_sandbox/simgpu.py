@@ -16,7 +16,7 @@ Inside a host (all paths say "gpuserve-sim"):
                                              hosts /proc/driver/gpuserve-sim-amdgpu/version
                                              (read by the stand-in amd-smi only)
 
-The stand-in packages that install the "drivers" come from gpuserve.sandbox.standin_repo.
+The stand-in packages that install the "drivers" come from gpuserve_sandbox.standin_repo.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuserve.sandbox.util import SandboxError
+from gpuserve_sandbox.util import SandboxError
 
 HARDWARE_FILE = "etc/gpuserve-sim/hardware.json"
 FAULTS_FILE = "etc/gpuserve-sim/faults.json"
@@ -257,5 +257,5 @@ if __name__ == "__main__":  # called by nspawn-loop.sh before every boot of a ho
     import sys
 
     if len(sys.argv) != 4 or sys.argv[1] != "on-boot":
-        sys.exit("usage: python -m gpuserve.sandbox.simgpu on-boot ROOT PROC_DRIVER_DIR")
+        sys.exit("usage: python -m gpuserve_sandbox.simgpu on-boot ROOT PROC_DRIVER_DIR")
     on_boot(Path(sys.argv[2]), Path(sys.argv[3]))

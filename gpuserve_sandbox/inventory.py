@@ -8,7 +8,7 @@ recipe. Which instance: $GPUSERVE_SANDBOX_INSTANCE (default 0).
 
 from __future__ import annotations
 
-from gpuserve.sandbox.hosts import Sandbox, SandboxHost
+from gpuserve_sandbox.hosts import Sandbox, SandboxHost
 
 
 def host_data(sandbox: Sandbox, host: SandboxHost) -> dict:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 _TOTAL = re.compile(r"^\s*Grand total\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", re.M)
 
 

@@ -12,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
-from gpuserve.sandbox.util import SandboxError, file_lock, log, run
+from gpuserve_sandbox.util import SandboxError, file_lock, log, run
 
 SUITE = "bookworm"
 INCLUDE = (

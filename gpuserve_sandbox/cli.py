@@ -7,10 +7,10 @@ import os
 
 import click
 
-from gpuserve.sandbox.hosts import DEFAULT_PROFILES, Sandbox, default_instance
-from gpuserve.sandbox.network import stop_lxcfs
-from gpuserve.sandbox.simgpu import FAULTS, PROFILES, HostSpec
-from gpuserve.sandbox.util import SandboxError
+from gpuserve_sandbox.hosts import DEFAULT_PROFILES, Sandbox, default_instance
+from gpuserve_sandbox.network import stop_lxcfs
+from gpuserve_sandbox.simgpu import FAULTS, PROFILES, HostSpec
+from gpuserve_sandbox.util import SandboxError
 
 instance_option = click.option(
     "--instance", type=click.IntRange(0, 255), default=default_instance, show_default="0 or $GPUSERVE_SANDBOX_INSTANCE",

@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from gpuserve.sandbox import network
-from gpuserve.sandbox.hub import SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
-from gpuserve.sandbox.util import SandboxError, file_lock, log
+from gpuserve_sandbox import network
+from gpuserve_sandbox.hub import SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
+from gpuserve_sandbox.util import SandboxError, file_lock, log
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def sandbox_group_data() -> dict:
@@ -83,7 +83,7 @@ def start_hub(state_dir: Path, instance: int) -> str:
                                f"{pinned}: regenerate the pin (tests/unit/test_sandbox_pin.py)")
         out = open(base / "server.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuserve.sandbox.hub", "--root", str(base / "repos"),
+            [sys.executable, "-m", "gpuserve_sandbox.hub", "--root", str(base / "repos"),
              "--bind", addr, "--port", str(SANDBOX_PORT)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
         (base / "server.pid").write_text(str(proc.pid))

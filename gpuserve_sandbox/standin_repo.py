@@ -35,8 +35,8 @@ from email.utils import formatdate
 from pathlib import Path
 
 from gpuserve import stack
-from gpuserve.sandbox import network
-from gpuserve.sandbox.util import SandboxError, file_lock, log, run
+from gpuserve_sandbox import network
+from gpuserve_sandbox.util import SandboxError, file_lock, log, run
 
 PORT = 8081
 STANDIN = Path(__file__).parent / "files" / "standin"

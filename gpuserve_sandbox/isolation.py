@@ -24,10 +24,10 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuserve.sandbox import network
+from gpuserve_sandbox import network
 
 if TYPE_CHECKING:
-    from gpuserve.sandbox.hosts import Sandbox
+    from gpuserve_sandbox.hosts import Sandbox
 
 # relative to the instance's state directory
 TRUSTED_CACHES = ("acng/cache",)
@@ -67,7 +67,7 @@ def foreign_listeners(box: "Sandbox", allowed: set[int]) -> list[str]:
 def session_ports() -> set[int]:
     """The instance daemons a test session starts itself through ``Sandbox.up`` (the apt cache
     and the stand-in vendor repositories); the hub is each module's own (sandbox_hub)."""
-    from gpuserve.sandbox import standin_repo
+    from gpuserve_sandbox import standin_repo
 
     return {network.APT_CACHE_PORT, standin_repo.PORT}
 

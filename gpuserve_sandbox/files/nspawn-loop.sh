@@ -9,7 +9,7 @@ PY=$1 ROOT=$2 PROC_DRIVER=$3; shift 4
 stop=0; child=
 trap 'stop=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
 while :; do
-  "$PY" -m gpuserve.sandbox.simgpu on-boot "$ROOT" "$PROC_DRIVER" || echo "[nspawn-loop] sim refresh failed"
+  "$PY" -m gpuserve_sandbox.simgpu on-boot "$ROOT" "$PROC_DRIVER" || echo "[nspawn-loop] sim refresh failed"
   systemd-nspawn "$@" &
   child=$!
   while :; do
