@@ -1,0 +1,43 @@
+"""Run by an SGLang venv's python: SGLang's own ServerArgs from a rendered serve.yaml, with its
+post-init checks (model overrides, page size, speculative settings), as deep as no GPU allows.
+
+    python probe_sglang.py <checkpoint dir> <serve.yaml> <out.json>
+
+Prints ``STEP <name>: OK`` or ``STEP <name>: FAIL <error>``, and writes the same as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+ckpt, serve_yaml, out_path = sys.argv[1:4]
+results: dict[str, str] = {}
+objects: dict[str, object] = {}
+
+
+def step(name, fn):
+    try:
+        objects[name] = fn()
+        results[name] = "OK"
+    except BaseException as e:  # noqa: BLE001 - every failure is the result
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        results[name] = f"FAIL {type(e).__name__}: {str(e)[:600]} [{last.filename.split('site-packages/')[-1]}:{last.lineno}]"
+    print(f"STEP {name}: {results[name]}", flush=True)
+    return results[name] == "OK"
+
+
+def server_args():
+    from sglang.srt.server_args import prepare_server_args
+
+    return prepare_server_args(["--model-path", ckpt, "--config", serve_yaml])
+
+
+if step("ServerArgs (prepare_server_args: parser, --config, __post_init__ checks)", server_args):
+    sa = objects["ServerArgs (prepare_server_args: parser, --config, __post_init__ checks)"]
+    print("  page_size", sa.page_size, "tp", sa.tp_size, "kv", sa.kv_cache_dtype,
+          "spec", sa.speculative_algorithm, "moe", getattr(sa, "moe_runner_backend", None), flush=True)
+    if hasattr(sa, "check_server_args"):
+        step("ServerArgs.check_server_args", sa.check_server_args)
+json.dump(results, open(out_path, "w"), indent=1)
