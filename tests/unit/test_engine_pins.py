@@ -135,3 +135,15 @@ def test_every_plan_names_a_package_and_version_that_pypi_has(profile, engine):
     for host in json.loads(result.stdout):
         package, version = host["engine"]["package"], host["engine"]["version"]
         assert version in PYPI_RELEASES[package], (package, version)
+
+
+def test_wheelhouse_takes_torch_from_pypi_the_engine_index_or_pytorch():
+    from gpuserve.wheelhouse import _torch_index
+
+    hopper = settings_of(make_inventory())
+    assert _torch_index("auto", hopper) is None  # torch 2.14.0 on PyPI is the cu130 build
+    amd = settings_of(make_inventory(group="mi355x_x4", group_data=ROCM_INDEX))
+    assert _torch_index("auto", amd) == ROCM_INDEX["engine_index"]
+    cpu = settings_of(make_inventory(group="cpu", group_data={"model_repo": "gpuserve-test/tiny-chat"}))
+    assert _torch_index("auto", cpu) == "pytorch"  # 2.13.0+cpu is not on PyPI
+    assert _torch_index("none", cpu) is None
