@@ -8,24 +8,10 @@ Prints ``STEP <name>: OK`` or ``STEP <name>: FAIL <error>``, and writes the same
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 
 ckpt, serve_yaml, out_path = sys.argv[1:4]
-results: dict[str, str] = {}
-objects: dict[str, object] = {}
-
-
-def step(name, fn):
-    try:
-        objects[name] = fn()
-        results[name] = "OK"
-    except BaseException as e:  # noqa: BLE001 - every failure is the result
-        last = traceback.extract_tb(e.__traceback__)[-1]
-        results[name] = f"FAIL {type(e).__name__}: {str(e)[:600]} [{last.filename.split('site-packages/')[-1]}:{last.lineno}]"
-    print(f"STEP {name}: {results[name]}", flush=True)
-    return results[name] == "OK"
+from probe_steps import dump, objects, step  # noqa: E402 (beside this file)
 
 
 def server_args():
@@ -40,4 +26,4 @@ if step("ServerArgs (prepare_server_args: parser, --config, __post_init__ checks
           "spec", sa.speculative_algorithm, "moe", getattr(sa, "moe_runner_backend", None), flush=True)
     if hasattr(sa, "check_server_args"):
         step("ServerArgs.check_server_args", sa.check_server_args)
-json.dump(results, open(out_path, "w"), indent=1)
+dump(out_path)

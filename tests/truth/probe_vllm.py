@@ -11,27 +11,13 @@ earlier one's object are skipped. The JSON holds the same.
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 
 ckpt, serve_yaml, gpu, out_path = sys.argv[1:5]
 CAPABILITY = {"H200": (9, 0), "H100": (9, 0), "GB200": (10, 0), "B200": (10, 0)}[gpu]
 GPUS = int(sys.argv[5]) if len(sys.argv) > 5 else 8
 MEMORY_GIB = {"H200": 141, "H100": 80, "GB200": 186, "B200": 180}[gpu]
-results: dict[str, str] = {}
-objects: dict[str, object] = {}
-
-
-def step(name, fn):
-    try:
-        objects[name] = fn()
-        results[name] = "OK"
-    except BaseException as e:  # noqa: BLE001 - every failure is the result
-        last = traceback.extract_tb(e.__traceback__)[-1]
-        results[name] = f"FAIL {type(e).__name__}: {str(e)[:600]} [{last.filename.split('site-packages/')[-1]}:{last.lineno}]"
-    print(f"STEP {name}: {results[name]}", flush=True)
-    return results[name] == "OK"
+from probe_steps import dump, objects, step  # noqa: E402 (beside this file)
 
 
 def platform():
@@ -130,4 +116,4 @@ if step("parse serve.yaml (vLLM's parser)", parse) and step(
         step("SpeculativeConfig (create_speculative_config)", speculative)
     step("VllmConfig (create_engine_config)", ea.create_engine_config)
 
-json.dump(results, open(out_path, "w"), indent=1)
+dump(out_path)
