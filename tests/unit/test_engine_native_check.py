@@ -98,3 +98,26 @@ def test_sglang_checks_its_kernel_package_too():
                        torch_backend="cu130", python_downloads="never", excludes=(),
                        kernels=False, uv_version="0.13.9")
     assert eng.native_roots(s) == ("sglang", "sgl_kernel")
+
+
+def test_per_architecture_kernel_builds_load_each_in_its_own_process(tmp_path):
+    """sgl_kernel's sm90/ and sm100/ builds may not share a process (they register the same
+    ops); each is loaded alone, and one that does not load is still named."""
+    site = tmp_path / "site"
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    info = site / "sglang-0.5.23.dist-info"
+    info.mkdir()
+    info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    for arch in ("sm90", "sm100"):
+        (site / "sgl_kernel" / arch).mkdir(parents=True)
+    (site / "sgl_kernel" / "__init__.py").write_text("raise RuntimeError('not imported')\n")
+    cc(site / "sgl_kernel" / "sm90" / "common_ops.abi3.so")
+    (site / "sgl_kernel" / "sm100" / "common_ops.abi3.so").write_bytes(b"not an ELF file")
+    s = eng.EngineSpec(engine="sglang", package="sglang", version="0.5.23", python="3.11",
+                       torch_backend="cu130", python_downloads="never", excludes=(),
+                       kernels=False, uv_version="0.13.9")
+    done = run(tmp_path, s)
+    assert done.returncode != 0
+    assert "native module sgl_kernel.sm100.common_ops cannot load" in done.stdout
+    assert "loaded 1 native modules of sglang, sgl_kernel; 1 failed" in done.stdout
