@@ -58,7 +58,9 @@ def wheel_set(sandbox_wheelhouse):
 
 
 @pytest.fixture(scope="module")
-def host(make_hosts, wheel_set):
+def host(make_hosts, wheel_set, sandbox_hub):
+    # deploys/serve.py downloads the checkpoint before the engine layer: run alone, this module
+    # needs the hub too (else "Connection refused" on the instance's hub address)
     return make_hosts(["hopper_x8"])[0]
 
 
