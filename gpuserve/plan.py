@@ -79,7 +79,8 @@ def _text(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> st
         f"  hardware: {s.hardware.describe()} (declared)",
         f"  recipe:   {_describe_recipe(s)}",
         f"  engine:   {s.engine_package}=={s.engine_version}, python {s.python_version}, "
-        f"torch backend {s.torch_backend}",
+        f"torch backend {s.torch_backend}"
+        + (f", extra index {s.engine_index}" if s.engine_index else ""),
         f"  model:    {s.model_repo}@{rev} ({s.model_source})",
     ]
     for name, sc in configs.items():
@@ -106,7 +107,8 @@ def _json(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> di
         "recipe": s.recipe,
         "recipe_explicit": s.recipe_explicit,
         "engine": {"name": s.engine, "package": s.engine_package, "version": s.engine_version,
-                   "python": s.python_version, "torch_backend": s.torch_backend},
+                   "python": s.python_version, "torch_backend": s.torch_backend,
+                   "index": s.engine_index},
         "model": {"repo": s.model_repo, "revision": s.model_revision, "source": s.model_source},
         "deployments": {
             name: {

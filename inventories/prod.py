@@ -10,10 +10,16 @@ hopper_x8 = [
     "gpu-h200-03.prod.example",
 ]
 
+# PLACEHOLDER indexes, like the host names: replace them with your mirrors. vLLM 0.34.0 (the
+# Blackwell and AMD pin) requires flashinfer-python==0.7.3, which PyPI does not have, and AMD
+# hosts need vLLM's ROCm wheels; without an index the plan refuses these hosts
+# (docs/recipes.md, "Engine pins").
 blackwell_x4 = [
-    "gpu-gb200-01.prod.example",
+    ("gpu-gb200-01.prod.example",
+     {"engine_index": "https://wheels.prod.example/flashinfer/simple"}),
 ]
 
 mi355x_x4 = [
-    "gpu-mi355x-01.prod.example",
+    ("gpu-mi355x-01.prod.example",
+     {"engine_index": "https://wheels.prod.example/vllm-rocm/simple"}),
 ]

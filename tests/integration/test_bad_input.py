@@ -37,7 +37,8 @@ TIMEOUT = 120  # a refused run takes seconds; a run that was not refused would c
 
 # The production hopper_x8 recipe instead of group_data/sandbox.py's cpu recipe (all valid: the
 # cases that set gpu=True add one bad value to these)
-GPU = {"recipe": "hopper_x8", "engine_package": "vllm", "torch_backend": "cu129",
+GPU = {"recipe": "hopper_x8", "engine_package": "vllm", "engine_version": "0.33.0",
+       "torch_backend": "cu130",
        "model_repo": "MiniMaxAI/MiniMax-M3.1-Flash"}
 SOURCE = {"data": "--data", "host": "host data", "group": "group 'bad_input'"}
 KEY_LITERAL = "sk-live-0123456789abcdefghij"

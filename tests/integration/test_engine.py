@@ -59,7 +59,8 @@ def wheel_set(sandbox_wheelhouse):
 
 @pytest.fixture(scope="module")
 def host(make_hosts, wheel_set, sandbox_hub):
-    # deploys/serve.py includes the weights layer: the pinned checkpoint comes from the hub
+    # deploys/serve.py downloads the checkpoint before the engine layer: run alone, this module
+    # needs the hub too (else "Connection refused" on the instance's hub address)
     return make_hosts(["hopper_x8"])[0]
 
 
@@ -115,7 +116,7 @@ def test_second_converge_changes_and_pushes_nothing(sandbox, host, pyinfra):
 def test_gpu_recipe_plans_the_kernel_download(sandbox, host):
     """No GPU here: --dry shows the operations a GPU host would get (index, managed Python)."""
     data = {"recipe": "hopper_x8", "model_repo": "MiniMaxAI/MiniMax-M3.1-Flash",
-            "engine_package": "vllm", "engine_version": "0.33.0", "torch_backend": "cu129",
+            "engine_package": "vllm", "engine_version": "0.33.0", "torch_backend": "cu130",
             "python_version": "3.12", "python_downloads": "automatic", "wheelhouse": "null"}
     args = [str(Path(sys.executable).with_name("pyinfra")), INVENTORY, DEPLOY, "--dry"]
     for k, v in data.items():
@@ -123,9 +124,10 @@ def test_gpu_recipe_plans_the_kernel_download(sandbox, host):
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(sandbox.instance)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # cu130 is PyPI's torch 2.14.0 build: no --torch-backend (torch_backend_arg False)
     gpu = eng.EngineSpec(engine="vllm", package="vllm", version="0.33.0", python="3.12",
-                         torch_backend="cu129", python_downloads="automatic", excludes=(),
-                         kernels=True, uv_version=eng.UV_VERSION)
+                         torch_backend="cu130", python_downloads="automatic", excludes=(),
+                         kernels=True, uv_version=eng.UV_VERSION, torch_backend_arg=False)
     planned = proc.stdout + proc.stderr
     assert (f"Engine venv {gpu.id} (uv venv, uv pip install, vllm download-kernels, "
             "verify, rename)") in planned

@@ -15,9 +15,13 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
 
 HARDWARE = {
     "hopper_x8": {"gpu_model": "H200", "gpu_count": 8, "nvswitch": True},
-    "blackwell_x4": {"gpu_model": "GB200", "gpu_count": 4, "nvswitch": True},
+    # vLLM 0.34.0 (the Blackwell pin) needs flashinfer-python==0.7.3, which PyPI lacks, and AMD
+    # needs vLLM's ROCm wheels: both fleets name an index (never contacted by unit tests)
+    "blackwell_x4": {"gpu_model": "GB200", "gpu_count": 4, "nvswitch": True,
+                     "engine_index": "https://flashinfer-mirror.example.internal/simple"},
     "mi355x_x4": {"gpu_model": "MI355X", "gpu_count": 4, "nvswitch": False,
-                  "torch_backend": "rocm7.2"},
+                  "torch_backend": "rocm7.2",
+                  "engine_index": "https://rocm-wheels.example.internal/simple"},
     "cpu": {"gpu_model": "cpu", "gpu_count": 0, "nvswitch": False},
 }
 

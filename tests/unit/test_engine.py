@@ -69,7 +69,7 @@ def test_spec_for_the_cpu_recipe_uses_the_known_excludes():
 
 def test_spec_for_a_gpu_recipe_downloads_kernels_and_excludes_nothing():
     spec = eng.spec_for(settings_of(make_inventory(group="hopper_x8")))
-    assert (spec.package, spec.version, spec.python, spec.torch_backend) == ("vllm", "0.33.0", "3.12", "cu129")
+    assert (spec.package, spec.version, spec.python, spec.torch_backend) == ("vllm", "0.33.0", "3.12", "cu130")
     assert spec.kernels and spec.excludes == () and spec.wheelset is None
     assert spec.interpreter == "managed" and spec.uv_version == eng.UV_VERSION
 

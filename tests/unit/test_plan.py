@@ -56,6 +56,7 @@ def test_profile_argv_is_one_pasteable_line():
 
 def test_profile_with_data_overrides():
     result = plan("--profile", "blackwell_x4", "--format", "argv", "--data", "serve_port=9000",
+                  "--data", "engine_index=https://wheels.example.internal/simple",
                   "--data", "reasoning_effort=high")
     assert result.exit_code == 0, result.output
     argv = shlex.split(result.stdout)
@@ -72,7 +73,8 @@ def test_profile_sglang():
 
 
 def test_profile_yaml_is_the_config_file():
-    result = plan("--profile", "mi355x_x4", "--format", "yaml")
+    result = plan("--profile", "mi355x_x4", "--format", "yaml",
+                  "--data", "engine_index=https://rocm-wheels.example.internal/simple")
     assert result.exit_code == 0, result.output
     config = yaml.safe_load(result.stdout)
     assert config["tensor-parallel-size"] == 4 and config["attention-config"] == {

