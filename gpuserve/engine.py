@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuserve import layout
-from gpuserve.packages import module_entry_point, normalize  # noqa: F401 - engine.normalize is API
+from gpuserve.packages import module_entry_point, normalize, program  # noqa: F401 - engine.normalize is API
 
 if TYPE_CHECKING:
     from gpuserve.config import HostSettings
@@ -203,14 +203,8 @@ def launch_argv(spec: EngineSpec, model_dir: str, config_path: str) -> list[str]
                (the model is the YAML's ``model:``; this entry point has no positional model)
     sglang:    <env>/bin/python -m sglang.launch_server --model-path <model_dir> --config <config_path>
     """
-    bin_dir = posixpath.join(spec.env_dir, "bin")
-    if spec.engine == "sglang":
-        return [posixpath.join(bin_dir, "python"), "-m", "sglang.launch_server",
-                "--model-path", model_dir, "--config", config_path]
-    if spec.module_entry_point:
-        return [posixpath.join(bin_dir, "python"), "-m", "vllm.entrypoints.openai.api_server",
-                "--config", config_path]
-    return [posixpath.join(bin_dir, "vllm"), "serve", model_dir, "--config", config_path]
+    argv = program(spec.engine, spec.package, model_dir, model_in_config=spec.module_entry_point)
+    return [posixpath.join(spec.env_dir, "bin", argv[0]), *argv[1:], "--config", config_path]
 
 
 def config_additions(spec: EngineSpec, model_dir: str) -> dict[str, str]:

