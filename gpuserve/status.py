@@ -34,6 +34,40 @@ class EngineStatus(FactBase):
             return {}
 
 
+class UnitResult(FactBase):
+    """(ActiveState, Result) of one systemd unit: ("failed", "start-limit-hit") once it gave up."""
+
+    def command(self, unit: str) -> str:
+        return (f"systemctl show -p ActiveState -p Result --value {unit} 2>/dev/null | "
+                "paste -sd' ' - || echo")
+
+    def process(self, output: list[str]) -> tuple[str, str]:
+        parts = (output[-1].split() if output else []) + ["", ""]
+        return parts[0], parts[1]
+
+
+def proxy_state(active: str, result: str) -> str:
+    """The proxy column: "active", or what is wrong ("failed (signal)", "inactive", ...)."""
+    if active == "active":
+        return "active"
+    if not active:
+        return "not installed"
+    return f"{active} ({result})" if result and result != "success" else active
+
+
+def engine_health(active: str, result: str, health: int | None, drained: bool) -> str:
+    text = active or "not installed"
+    if active == "failed" and result == "start-limit-hit":
+        text += " (gave up: start-limit-hit; converge or systemctl reset-failed to retry)"
+    elif active == "failed" and result:
+        text += f" ({result})"
+    if active:
+        text += f", /health {health or 'no answer'}"
+    if drained:   # a rollout has it out of the proxy (or was killed doing so)
+        text += ", drained"
+    return text
+
+
 @dataclass
 class Row:
     host: str
@@ -43,6 +77,7 @@ class Row:
     health: str
     models: str
     gpus: str
+    proxy: str = "-"
 
 
 def _gpus(report) -> str:
@@ -70,24 +105,23 @@ def collect(inventory) -> list[Row]:
                 rows.append(Row(host.name, "-", "-", "-", "unreachable", "-", "-"))
                 continue
             gpus = _gpus(host.get_fact(Gpus))
+            proxy = (proxy_state(*host.get_fact(UnitResult, unit="nginx.service"))
+                     if settings[host.name].proxy else "-")
             for dep in settings[host.name].deployments:
                 url = probe_url(dep.serve_host, dep.serve_port, "")
                 st = host.get_fact(Deployment, deployment=dep.name, health_url=f"{url}/health")
                 engine = host.get_fact(EngineStatus, deployment=dep.name, url=url)
-                health = st.active_state or "not installed"
-                if st.active_state:
-                    health += f", /health {st.health or 'no answer'}"
-                if st.drained:   # a rollout has it out of the proxy (or was killed doing so)
-                    health += ", drained"
+                _, result = host.get_fact(UnitResult, unit=dep.unit)
+                health = engine_health(st.active_state, result, st.health, st.drained)
                 rows.append(Row(host.name, dep.name, st.current or "-", st.previous or "-", health,
-                                ",".join(engine.get("models") or []) or "-", gpus))
+                                ",".join(engine.get("models") or []) or "-", gpus, proxy))
     finally:
         disconnect_all(state)
     return rows
 
 
 def render_table(rows: list[Row]) -> str:
-    header = Row("HOST", "DEPLOYMENT", "RELEASE", "PREVIOUS", "HEALTH", "SERVED MODEL", "GPUS")
+    header = Row("HOST", "DEPLOYMENT", "RELEASE", "PREVIOUS", "HEALTH", "SERVED MODEL", "GPUS", "PROXY")
     table = [header, *rows]
     fields = list(Row.__dataclass_fields__)
     widths = {f: max(len(getattr(r, f)) for r in table) for f in fields}
@@ -98,12 +132,15 @@ def render_table(rows: list[Row]) -> str:
 @click.argument("inventory")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="Override data, as for pyinfra.")
 def status(inventory: str, data: tuple[str, ...]) -> None:
-    """Per host and deployment: current and previous release, health, served model, GPUs."""
+    """Per host and deployment: current and previous release, health, served model, GPUs, proxy.
+
+    Exits 1 when a host is unreachable, an engine is not healthy (or gave up restarting), a host is
+    drained, or its proxy is not active."""
     try:
         rows = collect(load_inventory(inventory, _override_data(data)))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(render_table(rows))
     if any(r.health == "unreachable" or "/health 200" not in r.health or "drained" in r.health
-           for r in rows):
+           or r.proxy not in ("active", "-") for r in rows):
         raise SystemExit(1)
