@@ -116,6 +116,10 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
     v = var(deployment)
     lim = limits
     t = lim.client_timeout_s
+    # the default server's header timeout is the one that applies while a request's headers
+    # are read (before nginx knows the Host), so both servers get them
+    timeouts = [f"    client_header_timeout {t}s;\n", f"    client_body_timeout {t}s;\n",
+                f"    send_timeout {max(t, 60)}s;\n", f"    keepalive_timeout {t}s;\n"]
     out = [
         f"# Managed by gpuserve (pyinfra): the TLS front of deployment {deployment}.\n",
         "# /health is open; the client routes need a client or operator key; every other route\n",
@@ -149,6 +153,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "server {\n",
         f"    listen {bind}:{port} ssl default_server;\n",
         f"    include {NGINX_DIR}/tls.conf;\n",
+        *timeouts,
         "    access_log /var/log/nginx/access.log gpuserve;\n",
         "    set $gpuserve_key_id -;\n",
         "    return 421;\n",
@@ -162,10 +167,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "    absolute_redirect off;\n",
         f"    set $gpuserve_key_id ${v}_key;\n",
         "    access_log /var/log/nginx/access.log gpuserve;\n",
-        f"    client_header_timeout {t}s;\n",
-        f"    client_body_timeout {t}s;\n",
-        f"    send_timeout {max(t, 60)}s;\n",
-        f"    keepalive_timeout {t}s;\n",
+        *timeouts,
         f"    client_max_body_size {lim.body_kib}k;\n",
         f"    client_body_buffer_size {lim.body_kib}k;\n",
         f"    limit_conn {v}_addr {lim.conn_per_address};\n",

@@ -87,6 +87,7 @@ def test_tls_hsts_default_server_and_forwarded_headers():
     conf = _conf()
     default, main = conf.split("\nserver {\n")[1:]
     assert "default_server" in default and "return 421;" in default
+    assert "client_header_timeout 10s;" in default     # headers are read before the Host is known
     assert "server_name sandbox-1 10.0.0.2;" in main and "Strict-Transport-Security" in main
     assert "\n    proxy_set_header X-Forwarded-For $remote_addr;\n" in main   # /health inherits it
     for block in _locations(conf).values():
