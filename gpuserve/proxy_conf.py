@@ -11,8 +11,8 @@ Who may reach what (docs/configuration.md, "Proxy"):
 
 Keys are matched exactly and case-sensitively (an nginx ``map`` compares plain strings without
 regard to case; a ``~`` regex is case-sensitive). Each key maps to a short id (c1, c2, o1, ...):
-the rate and connection limits count per id, and the access log writes the id, never the key,
-and never the query string.
+the rate and connection limits count per client id (operator keys are exempt), and the access
+log writes the id, never the key, and never the query string.
 """
 
 from __future__ import annotations
@@ -140,8 +140,13 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "    ~^c 403;\n",
         "    default 401;\n",
         "}\n",
-        f"limit_req_zone ${v}_key zone={v}_rate:1m rate={lim.rate_per_key}r/s;\n",
-        f"limit_conn_zone ${v}_key zone={v}_conn:1m;\n",
+        "# the per-key limits count client keys (by id); operator keys (scrapers, tools) are exempt\n",
+        f"map ${v}_key ${v}_client {{\n",
+        f"    ~^c ${v}_key;\n",
+        "    default \"\";\n",
+        "}\n",
+        f"limit_req_zone ${v}_client zone={v}_rate:1m rate={lim.rate_per_key}r/s;\n",
+        f"limit_conn_zone ${v}_client zone={v}_conn:1m;\n",
         f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n",
         "\n",
         f"upstream {v}_engine {{\n",

@@ -38,12 +38,12 @@ class UnitResult(FactBase):
     """(ActiveState, Result) of one systemd unit: ("failed", "start-limit-hit") once it gave up."""
 
     def command(self, unit: str) -> str:
-        return (f"systemctl show -p ActiveState -p Result --value {unit} 2>/dev/null | "
-                "paste -sd' ' - || echo")
+        return f"systemctl show -p ActiveState -p Result {unit} 2>/dev/null || true"
 
     def process(self, output: list[str]) -> tuple[str, str]:
-        parts = (output[-1].split() if output else []) + ["", ""]
-        return parts[0], parts[1]
+        # systemctl prints the properties in its own order, not the order asked: by name
+        props = dict(line.split("=", 1) for line in output if "=" in line)
+        return props.get("ActiveState", ""), props.get("Result", "")
 
 
 def proxy_state(active: str, result: str) -> str:

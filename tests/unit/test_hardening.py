@@ -64,7 +64,8 @@ def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():
     assert "client_max_body_size 32k;" in locations["= /tokenize"]
     assert "client_max_body_size 32k;" in locations["= /v1/models"]
     # counted per key id (c1, o1: the map's values), never per raw header
-    assert "limit_req_zone $gpuserve_minimax_key zone=gpuserve_minimax_rate:1m rate=7r/s;" in conf
+    assert "limit_req_zone $gpuserve_minimax_client zone=gpuserve_minimax_rate:1m rate=7r/s;" in conf
+    assert "map $gpuserve_minimax_key $gpuserve_minimax_client {\n    ~^c $gpuserve_minimax_key;\n" in conf
     assert "limit_req zone=gpuserve_minimax_rate burst=3 nodelay;" in conf
     assert "limit_conn gpuserve_minimax_conn 5;" in conf
     assert "$http_authorization" not in conf.split("map $http_authorization", 1)[1].split("}", 1)[1]
@@ -120,3 +121,31 @@ def test_loopback_engine_needs_no_proxy():
     for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
         inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "serve_host": host})
         assert settings_of(inv).deployments[0].serve_host == host
+
+
+def _unit(devices, loopback_only=True) -> str:
+    import jinja2
+
+    from gpuserve.layers.service import TEMPLATES
+    return jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
+        deployment="minimax", engine="vllm", deployment_dir="/etc/gpuserve/minimax",
+        current="/etc/gpuserve/minimax/current", secrets_env="/etc/gpuserve/minimax/secrets.env",
+        user_name="gpuserve", group_name="gpuserve", home="/var/lib/gpuserve", cache="/mnt/nvme/c",
+        start_timeout_s=3600, stop_timeout_s=90, devices=devices, supplementary_groups=[], after=[],
+        loopback_only=loopback_only)
+
+
+def test_engine_unit_is_confined_but_keeps_its_gpus():
+    nvidia = ["char-nvidia-frontend", "char-nvidia-uvm", "char-nvidia-caps", "/dev/nvidiactl"]
+    unit = _unit(nvidia)
+    for dev in nvidia:
+        assert f"DeviceAllow={dev} rw\n" in unit
+    for line in ("DevicePolicy=closed", "CapabilityBoundingSet=\n", "NoNewPrivileges=yes",
+                 "ProtectSystem=strict", "ProtectKernelTunables=yes", "RestrictNamespaces=yes",
+                 "SystemCallFilter=@system-service", "SystemCallArchitectures=native",
+                 "IPAddressDeny=any", "Restart=on-failure", "StartLimitBurst=10"):
+        assert line in unit, line
+    assert "\nMemoryDenyWriteExecute=" not in unit      # the JITs need W then X memory
+    assert "IPAddressDeny" not in _unit([], loopback_only=False)   # a trusted network beyond loopback
+    amd = _unit(["/dev/kfd", "char-drm"])
+    assert "DeviceAllow=/dev/kfd rw\nDeviceAllow=char-drm rw\n" in amd

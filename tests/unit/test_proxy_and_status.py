@@ -1,7 +1,7 @@
 import pytest
 
 from gpuserve.layers.proxy import keys_map
-from gpuserve.status import Row, engine_health, proxy_state, render_table
+from gpuserve.status import Row, UnitResult, engine_health, proxy_state, render_table
 
 
 def test_keys_map_lists_each_accepted_header():
@@ -30,3 +30,10 @@ def test_status_names_a_proxy_that_is_down_and_an_engine_that_gave_up():
     gave_up = engine_health("failed", "start-limit-hit", None, False)
     assert gave_up.startswith("failed (gave up: start-limit-hit") and "/health no answer" in gave_up
     assert engine_health("active", "success", 200, True) == "active, /health 200, drained"
+
+
+def test_unit_result_reads_properties_by_name_in_any_order():
+    assert UnitResult().process(["Result=success", "ActiveState=active"]) == ("active", "success")
+    assert UnitResult().process(["ActiveState=failed", "Result=start-limit-hit"]) == (
+        "failed", "start-limit-hit")
+    assert UnitResult().process([]) == ("", "")
