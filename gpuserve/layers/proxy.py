@@ -1,10 +1,12 @@
 """Proxy layer: nginx (Debian's) with TLS and API keys in front of every deployment.
 
-vLLM checks its key only on /v1 and a few other prefixes (/health, /metrics, /tokenize stay open),
-so remote clients go through this proxy: every route needs a client key except /health, which
-load balancers poll and which answers 503 while a rollout has the host out of rotation. Client
-keys live only here: rotating them is an nginx reload, never an engine restart. The engine gets
-its own key, made on the host, which the proxy adds to each request.
+vLLM checks its key only on /v1 (/invocations, /metrics, /tokenize, /scale_elastic_ep stay open),
+so remote clients go through this proxy: clients reach only the inference routes, every other
+route needs an operator key or an operator network, and /health, which load balancers poll, is
+open and answers 503 while a rollout has the host out of rotation (gpuserve/proxy_conf.py).
+Client keys live only here: rotating them is an nginx reload, never an engine restart. The engine
+gets its own key, made on the host, which the proxy adds to each request. No secret is uploaded
+with files.put (its --diff would print it): gpuserve/layers/secrets_ops.py.
 """
 
 from __future__ import annotations
