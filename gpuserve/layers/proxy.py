@@ -78,9 +78,11 @@ def proxy(settings: HostSettings) -> None:
     apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
     default_site = files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default",
                               present=False)
-    # root only: the keys, the engine's key and the TLS key live here (nginx's master reads them)
-    files.directory(name="Proxy configuration (0700)", path=NGINX_DIR, user="root", group="root",
-                    mode="700")
+    # 0711: nginx's workers (www-data) only stat the drain flag here by name; they cannot list
+    # the directory, and the keys, the engine's key and the TLS key in it are root 0600 (read by
+    # the master), renamed into place from a 0700 staging directory with that mode already
+    files.directory(name="Proxy configuration (0711)", path=NGINX_DIR, user="root", group="root",
+                    mode="711")
     common = files.put(name="Proxy settings shared by the deployments",
                        src=StringIO(proxy_conf.common_conf()),
                        dest="/etc/nginx/conf.d/gpuserve-common.conf", user="root", group="root",
