@@ -31,6 +31,17 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 NGINX_DIR = proxy_conf.NGINX_DIR
 
 
+# `systemctl reload nginx` returns once the master got the signal, while the old workers (old keys)
+# still accept connections: wait (5 s at most) until none of them does, so a rotated key is live
+# when the converge says so
+RELOAD_AND_WAIT = (
+    "old=$(pgrep -f '^nginx: worker process$' | tr '\\n' ' '); systemctl reload nginx; "
+    "for i in $(seq 50); do busy=; for p in $old; do "
+    "ps -o args= -p $p 2>/dev/null | grep -q 'worker process$' && busy=1; done; "
+    "[ -z \"$busy\" ] && break; sleep 0.1; done"
+)
+
+
 def conf_path(deployment: str) -> str:
     return f"/etc/nginx/conf.d/gpuserve-{deployment}.conf"
 
@@ -133,7 +144,7 @@ def proxy(settings: HostSettings) -> None:
     systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",
                     restarted=True, _if=dropin.did_change)
     server.shell(name="Reload nginx (keys or configuration changed; the engine keeps running)",
-                 commands=["nginx -t -q", "systemctl reload nginx"], _if=any_changed(*changed))
+                 commands=["nginx -t -q", RELOAD_AND_WAIT], _if=any_changed(*changed))
 
 
 def _tls(settings: HostSettings) -> list:
