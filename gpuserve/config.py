@@ -13,7 +13,7 @@ import ipaddress
 import json
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -79,6 +79,17 @@ HOST_DEFAULTS: dict[str, Any] = {
     "proxy_bind": "0.0.0.0",
     "proxy_tls_cert_file": None,  # control-node paths; None: a self-signed pair made on the host
     "proxy_tls_key_file": None,
+    # proxy limits and access (docs/configuration.md, "Proxy: routes, limits, TLS")
+    "proxy_prompt_body_kib": 4096,  # body limit of the prompt routes (chat, completions, ...)
+    "proxy_body_kib": 64,  # body limit of every other route (tokenize included)
+    "proxy_rate_per_key": 20,  # requests per second per key (nginx limit_req), burst below
+    "proxy_burst_per_key": 40,
+    "proxy_conn_per_key": 32,  # requests in flight per key (nginx limit_conn)
+    "proxy_conn_per_address": 64,  # requests in flight per client address
+    "proxy_client_timeout_s": 10,  # header, body-read, idle timeouts that end slow clients
+    "proxy_operator_networks": ["127.0.0.1/32", "::1/128"],  # reach operator routes without a key
+    "proxy_server_names": [],  # Host names the proxy answers besides the host's name and address
+    "trusted_network": False,  # True: serve_host may leave loopback without the proxy
     "rollback_to": None,  # deploys/rollback.py: a release id instead of each host's previous
     # how the engine venv is built (gpuserve.engine, gpuserve.layers.engine)
     "uv_version": UV_VERSION,
@@ -97,6 +108,7 @@ DEPLOYMENT_DEFAULTS: dict[str, Any] = {
     "serve_flags": {},
     "serve_env": {},
     "api_keys_file": None,
+    "operator_keys_file": None,  # keys for the operator routes at the proxy (metrics, scaling, ...)
     "shutdown_timeout_s": 60,  # in-flight requests finish within it when the engine stops
     "ready_timeout_s": 3600,  # a 428B model takes long to load: the start and gate bound
     "proxy_port": 8443,  # the TLS port of this deployment's proxy (when proxy is on)
@@ -160,6 +172,7 @@ class DeploymentSettings:
     ready_timeout_s: int
     proxy_port: int
     origins: Mapping[str, tuple[str, str]]  # key -> (key path, source)
+    operator_keys_file: str | None = None  # a path on the control node
 
     @property
     def unit(self) -> str:
@@ -218,6 +231,11 @@ class HostSettings:
     wheelhouse: str | None = None
     engine_excludes: tuple[str, ...] | None = None
     engine_index: str | None = None  # an extra wheel index for the engine (ROCm wheels)
+    # proxy limits and access (gpuserve.proxy_conf.ProxyLimits's fields, without "proxy_")
+    proxy_limits: Mapping[str, int] = field(default_factory=dict)
+    proxy_operator_networks: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
+    proxy_server_names: tuple[str, ...] = ()
+    trusted_network: bool = False
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -483,10 +501,49 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if rollback_to is not None and not (isinstance(rollback_to, str) and RELEASE_ID.fullmatch(rollback_to)):
         c.problem("rollback_to", f"{rollback_to!r} is not a release id (like "
                   "vllm-0.33.0-0123abcd-0123456789; see gpuserve status)")
+    trusted = c.get("trusted_network")
+    if not isinstance(trusted, bool):
+        c.problem("trusted_network", f"{trusted!r} is not allowed; use True or False")
     return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, proxy=proxy,
                 proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
-                force_unlock=force, **tls)
+                force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))
+
+
+PROXY_LIMITS = {  # key -> (minimum, maximum)
+    "proxy_prompt_body_kib": (1, 1024 * 1024),
+    "proxy_body_kib": (1, 1024 * 1024),
+    "proxy_rate_per_key": (1, 100000),
+    "proxy_burst_per_key": (0, 100000),
+    "proxy_conn_per_key": (1, 100000),
+    "proxy_conn_per_address": (1, 100000),
+    "proxy_client_timeout_s": (1, 300),
+}
+
+
+def _proxy_access(c: _Checker) -> dict[str, Any]:
+    """The proxy's limits, operator networks and server names; invalid ones are problems."""
+    limits = {key.removeprefix("proxy_"): c.integer(key, lo, maximum=hi)
+              for key, (lo, hi) in PROXY_LIMITS.items()}
+    nets = c.get("proxy_operator_networks")
+    if not (isinstance(nets, (list, tuple)) and all(isinstance(n, str) for n in nets)):
+        c.problem("proxy_operator_networks", f"{nets!r} is not allowed; use a list of addresses or "
+                  "networks (CIDR), e.g. [\"127.0.0.1/32\", \"10.0.5.0/24\"]")
+        nets = []
+    for net in nets:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError:
+            c.problem("proxy_operator_networks", f"{net!r} is not an address or network (CIDR)")
+    names = c.get("proxy_server_names")
+    if not (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)):
+        c.problem("proxy_server_names", f"{names!r} is not allowed; use a list of host names")
+        names = []
+    for name in names:
+        if not _is_host(name):
+            c.problem("proxy_server_names", f"{name!r} is not a host name or address")
+    return dict(proxy_limits=MappingProxyType(limits), proxy_operator_networks=tuple(nets),
+                proxy_server_names=tuple(names))
 
 
 def _weights(c: _Checker, model: Mapping[str, Any]) -> dict[str, Any]:
@@ -598,20 +655,22 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
             c.problem(where[0], f"{env_value!r} is not allowed: systemd's EnvironmentFile= does not "
                       "expand $VARIABLES or backquotes, and quotes or backslashes change how it "
                       "reads the line; write the literal value", where[1])
-    keys_file = values["api_keys_file"]
-    if keys_file is not None and not (isinstance(keys_file, str) and keys_file):
-        bad("api_keys_file", f"{keys_file!r} is not a path to a file on the control node")
-    elif keys_file is not None and not Path(keys_file).is_file():
-        if c.deploying:
-            bad("api_keys_file", f"{keys_file} does not exist on this control node; create it "
-                "(one key per line, mode 0600) before deploying")
-        else:
-            c.warnings.append(f"{path}: api_keys_file {keys_file} does not exist on this control "
-                              "node yet; a deploy refuses to start without it")
-    elif keys_file is not None:
-        why = key_file_problem(Path(keys_file))
-        if why:
-            bad("api_keys_file", why)
+    for key in ("api_keys_file", "operator_keys_file"):
+        file = values[key]
+        if file is not None and not (isinstance(file, str) and file):
+            bad(key, f"{file!r} is not a path to a file on the control node")
+        elif file is not None and not Path(file).is_file():
+            if c.deploying:
+                bad(key, f"{file} does not exist on this control node; create it (one key per "
+                    "line, mode 0600) before deploying")
+            else:
+                c.warnings.append(f"{path}: {key} {file} does not exist on this control node yet; "
+                                  "a deploy refuses to start without it")
+        elif file is not None:
+            why = key_file_problem(Path(file))
+            if why:
+                bad(key, why)
+    keys_file, op_file = values["api_keys_file"], values["operator_keys_file"]
     for key in DEPLOYMENT_DEFAULTS:
         # the entry's own values, and the two mappings it may inherit (the other inherited
         # values were scanned where they were set)
@@ -626,7 +685,7 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         serve_env=MappingProxyType({k: str(v) for k, v in env.items()}),
         api_keys_file=keys_file, shutdown_timeout_s=values["shutdown_timeout_s"],
         ready_timeout_s=values["ready_timeout_s"], proxy_port=values["proxy_port"],
-        origins=MappingProxyType(origins),
+        origins=MappingProxyType(origins), operator_keys_file=op_file,
     )
 
 
@@ -648,6 +707,18 @@ def _flag_value_ok(value: Any) -> bool:
             return False
         return True
     return False
+
+
+def _is_loopback(value: str) -> bool:
+    if value.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        ip = ipaddress.ip_address(value.strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped   # ::ffff:127.0.0.1 is 127.0.0.1
+    return ip.is_loopback
 
 
 def _is_host(value: str) -> bool:
@@ -804,6 +875,14 @@ def check_host(host: Host, *, require_revision: bool = True,
                 c.problem(f"deployments.{dep.name}.api_keys_file", "the proxy (proxy: True) lets no "
                           "client in without keys: name a file of keys on the control node",
                           dep.origin("api_keys_file")[1])
+    for dep in deployments or ():
+        if (not _is_loopback(dep.serve_host) and level.get("proxy") is False
+                and level.get("trusted_network") is False):
+            key, src = dep.origin("serve_host")
+            c.problem(key, f"{dep.serve_host} is beyond loopback and no proxy is in front: vLLM's key "
+                      "covers only /v1 (/invocations, /tokenize, /metrics, /scale_elastic_ep stay "
+                      "open). Allowed: a loopback address, proxy = True, or trusted_network = True "
+                      "where the network in front is trusted", src)
     settings = None
     problems = list(c.problems)
     renderable = (

@@ -37,6 +37,40 @@ class EngineStatus(FactBase):
             return {}
 
 
+class UnitResult(FactBase):
+    """(ActiveState, Result) of one systemd unit: ("failed", "start-limit-hit") once it gave up."""
+
+    def command(self, unit: str) -> str:
+        return f"systemctl show -p ActiveState -p Result {unit} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> tuple[str, str]:
+        # systemctl prints the properties in its own order, not the order asked: by name
+        props = dict(line.split("=", 1) for line in output if "=" in line)
+        return props.get("ActiveState", ""), props.get("Result", "")
+
+
+def proxy_state(active: str, result: str) -> str:
+    """The proxy column: "active", or what is wrong ("failed (signal)", "inactive", ...)."""
+    if active == "active":
+        return "active"
+    if not active:
+        return "not installed"
+    return f"{active} ({result})" if result and result != "success" else active
+
+
+def engine_health(active: str, result: str, health: int | None, drained: bool) -> str:
+    text = active or "not installed"
+    if active == "failed" and result == "start-limit-hit":
+        text += " (gave up: start-limit-hit; converge or systemctl reset-failed to retry)"
+    elif active == "failed" and result:
+        text += f" ({result})"
+    if active:
+        text += f", /health {health or 'no answer'}"
+    if drained:   # a rollout has it out of the proxy (or was killed doing so)
+        text += ", drained"
+    return text
+
+
 @dataclass
 class Row:
     host: str
@@ -46,6 +80,7 @@ class Row:
     health: str
     models: str
     gpus: str
+    proxy: str = "-"
 
 
 def _gpus(report) -> str:
@@ -68,18 +103,17 @@ HOST_TIMEOUT_S = 60    # one host's questions, all together
 
 def _host_rows(host, settings) -> list[Row]:
     gpus = _gpus(host.get_fact(Gpus))
+    proxy = (proxy_state(*host.get_fact(UnitResult, unit="nginx.service"))
+             if settings.proxy else "-")
     rows = []
     for dep in settings.deployments:
         url = probe_url(dep.serve_host, dep.serve_port, "")
         st = host.get_fact(Deployment, deployment=dep.name, health_url=f"{url}/health")
         engine = host.get_fact(EngineStatus, deployment=dep.name, url=url)
-        health = st.active_state or "not installed"
-        if st.active_state:
-            health += f", /health {st.health or 'no answer'}"
-        if st.drained:   # a rollout has it out of the proxy (or was killed doing so)
-            health += ", drained"
+        _, result = host.get_fact(UnitResult, unit=dep.unit)
+        health = engine_health(st.active_state, result, st.health, st.drained)
         rows.append(Row(host.name, dep.name, st.current or "-", st.previous or "-", health,
-                        ",".join(engine.get("models") or []) or "-", gpus))
+                        ",".join(engine.get("models") or []) or "-", gpus, proxy))
     return rows
 
 
@@ -115,7 +149,7 @@ def collect(inventory, limit: list[str] | None = None, timeout: float = HOST_TIM
 
 
 def render_table(rows: list[Row]) -> str:
-    header = Row("HOST", "DEPLOYMENT", "RELEASE", "PREVIOUS", "HEALTH", "SERVED MODEL", "GPUS")
+    header = Row("HOST", "DEPLOYMENT", "RELEASE", "PREVIOUS", "HEALTH", "SERVED MODEL", "GPUS", "PROXY")
     table = [header, *rows]
     fields = list(Row.__dataclass_fields__)
     widths = {f: max(len(getattr(r, f)) for r in table) for f in fields}
@@ -128,12 +162,16 @@ def render_table(rows: list[Row]) -> str:
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP|GLOB",
               help="Only these hosts, as pyinfra's --limit.")
 def status(inventory: str, data: tuple[str, ...], limit: tuple[str, ...]) -> None:
-    """Per host and deployment: current and previous release, health, served model, GPUs."""
+    """Per host and deployment: current and previous release, health, served model, GPUs, proxy.
+
+    Exits 1 when a host is unreachable or does not answer, an engine is not healthy (or gave up
+    restarting), a host is drained, or its proxy is not active."""
     try:
         inv = load_inventory(inventory, _override_data(data))
         rows = collect(inv, limit_hosts(inv, limit))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(render_table(rows))
-    if any("/health 200" not in r.health or "drained" in r.health for r in rows):
+    if any("/health 200" not in r.health or "drained" in r.health or r.proxy not in ("active", "-")
+           for r in rows):
         raise SystemExit(1)

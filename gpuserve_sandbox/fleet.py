@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -84,3 +86,31 @@ def wire(output: str) -> dict[str, dict[str, int | str]]:
 def rx_bytes(sandbox: Sandbox, host: SandboxHost) -> int:
     """Bytes the host's eth0 received (/proc/net/dev is per network namespace; /sys here is not)."""
     return int(sandbox.ssh(host, r"sed -n 's/^ *eth0: *\([0-9]*\).*/\1/p' /proc/net/dev").stdout)
+
+
+def slow_client(ip: str, ctx: ssl.SSLContext, key: str, kind: str, every_s: float = 12,
+                bound_s: float = 45) -> float | None:
+    """Seconds until the proxy cut off a client that trickles its body (``kind`` "body": one
+    byte every ``every_s``) or never ends its headers ("header"); None if still open after
+    ``bound_s``."""
+    sock = ctx.wrap_socket(socket.create_connection((ip, PROXY_PORT), 10))
+    sock.settimeout(1)
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {ip}\r\nAuthorization: Bearer {key}\r\n"
+            "Content-Type: application/json\r\n")
+    t0 = last = time.monotonic()
+    try:
+        sock.sendall((head + "Content-Length: 1000\r\n\r\n{").encode() if kind == "body" else head.encode())
+        while time.monotonic() - t0 < bound_s:
+            try:
+                sock.recv(4096)
+                return time.monotonic() - t0
+            except (TimeoutError, socket.timeout):
+                pass
+            if kind == "body" and time.monotonic() - last >= every_s:
+                sock.sendall(b" ")
+                last = time.monotonic()
+    except (OSError, ssl.SSLError):
+        return time.monotonic() - t0
+    finally:
+        sock.close()
+    return None

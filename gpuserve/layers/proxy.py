@@ -1,10 +1,12 @@
 """Proxy layer: nginx (Debian's) with TLS and API keys in front of every deployment.
 
-vLLM checks its key only on /v1 and a few other prefixes (/health, /metrics, /tokenize stay open),
-so remote clients go through this proxy: every route needs a client key except /health, which
-load balancers poll and which answers 503 while a rollout has the host out of rotation. Client
-keys live only here: rotating them is an nginx reload, never an engine restart. The engine gets
-its own key, made on the host, which the proxy adds to each request.
+vLLM checks its key only on /v1 (/invocations, /metrics, /tokenize, /scale_elastic_ep stay open),
+so remote clients go through this proxy: clients reach only the inference routes, every other
+route needs an operator key or an operator network, and /health, which load balancers poll, is
+open and answers 503 while a rollout has the host out of rotation (gpuserve/proxy_conf.py).
+Client keys live only here: rotating them is an nginx reload, never an engine restart. The engine
+gets its own key, made on the host, which the proxy adds to each request. No secret is uploaded
+with files.put (its --diff would print it): gpuserve/layers/secrets_ops.py.
 """
 
 from __future__ import annotations
@@ -16,42 +18,68 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
-from pyinfra.facts.files import File, FindInFile
+from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, rollout
+from gpuserve import api_keys, proxy_conf, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
+from gpuserve.layers import secrets_ops
 from gpuserve.service import secrets_env_path
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
-NGINX_DIR = "/etc/nginx/gpuserve"
+NGINX_DIR = proxy_conf.NGINX_DIR
+
+
+# `systemctl reload nginx` returns once the master got the signal, while the old workers (old keys)
+# still accept connections: wait (5 s at most) until none of them does, so a rotated key is live
+# when the converge says so
+RELOAD_AND_WAIT = (
+    "old=$(pgrep -f '^nginx: worker process$' | tr '\\n' ' '); systemctl reload nginx; "
+    "for i in $(seq 50); do busy=; for p in $old; do "
+    "ps -o args= -p $p 2>/dev/null | grep -q 'worker process$' && busy=1; done; "
+    "[ -z \"$busy\" ] && break; sleep 0.1; done"
+)
 
 
 def conf_path(deployment: str) -> str:
     return f"/etc/nginx/conf.d/gpuserve-{deployment}.conf"
 
 
-def keys_map(keys: list[str]) -> str:
-    """nginx map entries: each accepted Authorization header -> 1."""
-    for key in keys:
-        if not re.fullmatch(r"[A-Za-z0-9._~+/=-]+", key):
-            raise ValueError("an API key may only hold letters, digits and ._~+/=-")
-        if len(key) > 200:   # map_hash_bucket_size 256 holds "Bearer " + 200 characters
-            raise ValueError("an API key may be at most 200 characters long")
-    return "".join(f'"Bearer {key}" 1;\n' for key in keys)
+DROPIN = "/etc/systemd/system/nginx.service.d/gpuserve.conf"
 
 
-def _client_keys(dep: DeploymentSettings) -> list[str]:
-    path = Path(dep.api_keys_file or "")
-    if dep.api_keys_file is None or not path.is_file():
-        raise OperationError(f"{host.name}: deployments.{dep.name}.api_keys_file "
-                             f"{dep.api_keys_file} is missing on this control node; the proxy "
-                             "lets no client in without one")
+def keys_map(keys: list[str], prefix: str = "c") -> str:
+    """nginx map entries: each accepted Authorization header, exactly -> its id."""
+    return proxy_conf.keys_map(keys, prefix)
+
+
+def _read_keys(dep: DeploymentSettings, key: str, required: bool) -> list[str]:
+    file = getattr(dep, key)
+    if file is None and not required:
+        return []
+    path = Path(file or "")
+    if file is None or not path.is_file():
+        raise OperationError(f"{host.name}: deployments.{dep.name}.{key} {file} is missing on this "
+                             "control node; the proxy lets no client in without one")
     keys = api_keys.read_api_keys(path)
-    if not keys:
-        raise OperationError(f"{host.name}: {path} holds no API key")
+    if required and not keys:
+        raise OperationError(f"{host.name}: deployments.{dep.name}.{key} {path} holds no API key")
+    for k in keys:
+        try:
+            proxy_conf.check_key(k)
+        except ValueError as exc:   # never the key itself in the message
+            raise OperationError(f"{host.name}: deployments.{dep.name}.{key} {path}: {exc}") from None
     return keys
+
+
+def server_names(settings: HostSettings) -> list[str]:
+    names = [host.name, "localhost", "127.0.0.1"]
+    address = host.data.get("ssh_hostname")
+    if address:
+        names.append(str(address))
+    names += list(settings.proxy_server_names)
+    return list(dict.fromkeys(names))
 
 
 @deploy("Proxy")
@@ -61,41 +89,62 @@ def proxy(settings: HostSettings) -> None:
     apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
     default_site = files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default",
                               present=False)
-    files.directory(name="Proxy configuration", path=NGINX_DIR, user="root", group="root", mode="755")
+    # 0711: nginx's workers (www-data) only stat the drain flag here by name; they cannot list
+    # the directory, and the keys, the engine's key and the TLS key in it are root 0600 (read by
+    # the master), renamed into place from a 0700 staging directory with that mode already
+    files.directory(name="Proxy configuration (0711)", path=NGINX_DIR, user="root", group="root",
+                    mode="711")
     common = files.put(name="Proxy settings shared by the deployments",
-                       src=StringIO("# Managed by gpuserve: API keys are long map keys\n"
-                                    "map_hash_bucket_size 256;\n"),
+                       src=StringIO(proxy_conf.common_conf()),
                        dest="/etc/nginx/conf.d/gpuserve-common.conf", user="root", group="root",
                        mode="644")
     tls = _tls(settings)
-    changed = [default_site, common, *tls]
+    tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
+                         src=StringIO(proxy_conf.tls_conf(f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key")),
+                         dest=f"{NGINX_DIR}/tls.conf", user="root", group="root", mode="644")
+    dropin = files.put(name="nginx restarts on failure, confined (systemd drop-in)",
+                       src=StringIO(proxy_conf.NGINX_DROPIN), dest=DROPIN, user="root", group="root",
+                       mode="644")
+    systemd.daemon_reload(name="Reload systemd units (nginx drop-in)", _if=dropin.did_change)
+    changed = [default_site, common, tls_conf, *tls]
+    limits = proxy_conf.ProxyLimits(**settings.proxy_limits)
     for dep in settings.deployments:
-        keys = files.put(name=f"{dep.name}: client API keys (0600)",
-                         src=StringIO(keys_map(_client_keys(dep))),
-                         dest=f"{NGINX_DIR}/{dep.name}.keys", user="root", group="root", mode="600")
+        clients = _read_keys(dep, "api_keys_file", required=True)
+        operators = _read_keys(dep, "operator_keys_file", required=False)
+        if set(clients) & set(operators):
+            raise OperationError(f"{host.name}: deployments.{dep.name}: a key is in both api_keys_file "
+                                 "and operator_keys_file; an operator key must be a separate key")
+        keys = secrets_ops.secret_file(name=f"{dep.name}: client API keys (0600, not shown)",
+                                       content=keys_map(clients, "c"), dest=f"{NGINX_DIR}/{dep.name}.keys")
+        op_keys = secrets_ops.secret_file(name=f"{dep.name}: operator API keys (0600, not shown)",
+                                          content=keys_map(operators, "o"),
+                                          dest=f"{NGINX_DIR}/{dep.name}.operator-keys")
         upstream = f"{NGINX_DIR}/{dep.name}.upstream-auth"
-        if not host.get_fact(FindInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
+        if not host.get_fact(secrets_ops.MatchesInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
             # from the engine key the service layer made on this host; it never leaves the host
             changed.append(server.shell(
                 name=f"{dep.name}: the engine's key for the proxy (0600)",
                 commands=[f"umask 077; . {secrets_env_path(dep.name)} && "
                           f"printf 'proxy_set_header Authorization \"Bearer %s\";\\n' \"$VLLM_API_KEY\""
                           f" > {upstream}"]))
-        conf = files.template(
+        conf = files.put(
             name=f"{dep.name}: TLS front on {settings.proxy_bind}:{dep.proxy_port}",
-            src=str(TEMPLATES / "nginx-gpuserve.conf.j2"), dest=conf_path(dep.name),
-            user="root", group="root", mode="644",
-            deployment=dep.name, var="gpuserve_" + re.sub(r"\W", "_", dep.name),
-            bind=settings.proxy_bind, port=dep.proxy_port,
-            engine_host="127.0.0.1" if dep.serve_host in ("0.0.0.0", "::") else dep.serve_host,
-            engine_port=dep.serve_port, drain_flag=rollout.drain_flag(dep.name),
-            read_timeout_s=max(600, dep.ready_timeout_s),
-        )
-        changed += [keys, conf]
+            src=StringIO(proxy_conf.server_conf(
+                deployment=dep.name, bind=settings.proxy_bind, port=dep.proxy_port,
+                server_names=server_names(settings),
+                engine_host="127.0.0.1" if dep.serve_host in ("0.0.0.0", "::") else dep.serve_host,
+                engine_port=dep.serve_port, drain_flag=rollout.drain_flag(dep.name),
+                read_timeout_s=max(600, dep.ready_timeout_s),
+                operator_networks=settings.proxy_operator_networks, limits=limits)),
+            dest=conf_path(dep.name), user="root", group="root", mode="644")
+        changed += [keys, op_keys, conf]
+    # a crashed nginx (kill -9 of the master) is restarted by its drop-in; a stopped one here
     systemd.service(name="nginx running and enabled", service="nginx.service", running=True,
                     enabled=True)
+    systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",
+                    restarted=True, _if=dropin.did_change)
     server.shell(name="Reload nginx (keys or configuration changed; the engine keeps running)",
-                 commands=["nginx -t -q", "systemctl reload nginx"], _if=any_changed(*changed))
+                 commands=["nginx -t -q", RELOAD_AND_WAIT], _if=any_changed(*changed))
 
 
 def _tls(settings: HostSettings) -> list:
@@ -104,8 +153,8 @@ def _tls(settings: HostSettings) -> list:
         return [
             files.put(name="TLS certificate", src=settings.proxy_tls_cert_file, dest=crt,
                       user="root", group="root", mode="644"),
-            files.put(name="TLS key (0600)", src=settings.proxy_tls_key_file, dest=key,
-                      user="root", group="root", mode="600"),
+            secrets_ops.secret_file(name="TLS key (0600, not shown)",
+                                    content=Path(settings.proxy_tls_key_file).read_text(), dest=key),
         ]
     if host.get_fact(File, path=key) is not None:
         return []

@@ -10,18 +10,17 @@ down; nothing else restarts it.
 
 from __future__ import annotations
 
-import secrets as _secrets
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
-from pyinfra.facts.files import FindInFile
 from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import api_keys, layout, recipes, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
+from gpuserve.layers import secrets_ops
 from gpuserve.facts.service import Deployment, DeploymentState, ReleaseRecords
 from gpuserve.releases import Ledger, unreferenced
 from gpuserve.service import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
@@ -87,15 +86,14 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
     secrets_path = secrets_env_path(name)
     if secrets is None:
         # behind the proxy the engine gets a random key made on the host once, never sent anywhere
-        changed_secrets = not host.get_fact(FindInFile, path=secrets_path, pattern="^VLLM_API_KEY=.")
-        if changed_secrets:
-            key = _secrets.token_urlsafe(32)
-            files.put(name=f"{name}: internal engine key (0600)", src=StringIO(f"VLLM_API_KEY={key}\n"),
-                      dest=secrets_path, user="root", group="root", mode="600")
+        # (nor shown: the operation prints neither the key nor a diff)
+        op = secrets_ops.generated_secret(name=f"{name}: internal engine key (0600, made on the host)",
+                                          dest=secrets_path, line_prefix="VLLM_API_KEY=",
+                                          check="^VLLM_API_KEY=.")
     else:
-        op = files.put(name=f"{name}: engine secrets (0600)", src=StringIO(secrets), dest=secrets_path,
-                       user="root", group="root", mode="600")
-        changed_secrets = op.will_change
+        op = secrets_ops.secret_file(name=f"{name}: engine secrets (0600, not shown)", content=secrets,
+                                     dest=secrets_path)
+    changed_secrets = op.will_change
 
     unit = files.template(
         name=f"{name}: systemd unit", src=str(TEMPLATES / "gpuserve.service.j2"), dest=unit_path(name),
@@ -106,6 +104,7 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
         cache=layout.cache_dir(settings.nvme_path, name),
         start_timeout_s=dep.ready_timeout_s, stop_timeout_s=dep.shutdown_timeout_s + STOP_MARGIN_S,
         devices=_devices(settings), supplementary_groups=_groups(settings), after=_after(settings),
+        loopback_only=_loopback(dep.serve_host),
     )
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
     systemd.service(name=f"{name}: unit enabled at boot", service=layout.unit_name(name),
@@ -176,6 +175,14 @@ def _devices(settings: HostSettings) -> list[str]:
     if vendor == "amd":
         return ["/dev/kfd", "char-drm"]
     return []
+
+
+def _loopback(serve_host: str) -> bool:
+    import ipaddress
+    try:
+        return serve_host == "localhost" or ipaddress.ip_address(serve_host).is_loopback
+    except ValueError:
+        return False
 
 
 def _groups(settings: HostSettings) -> list[str]:

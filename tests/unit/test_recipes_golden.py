@@ -111,7 +111,7 @@ def test_hopper_env_adds_only_the_gpu_list():
 
 def test_deployment_level_settings_render_as_flags():
     inv = make_inventory(fleet={"model_revision": SHA, "served_model_name": "m3",
-                                "serve_host": "10.0.0.5", "serve_port": 8100,
+                                "serve_host": "10.0.0.5", "serve_port": 8100, "trusted_network": True,
                                 "reasoning_effort": "low", "max_model_len": 65536,
                                 "max_num_seqs": 16})
     config = render(settings_of(inv), "minimax").config

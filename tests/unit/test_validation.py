@@ -125,8 +125,8 @@ def test_python_version_from_data_flag_parses_as_float():
 
 
 def test_port_clash_between_deployments():
-    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "deployments": {
-        "a": {}, "b": {"serve_host": "0.0.0.0"}}})
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "trusted_network": True,
+                                             "deployments": {"a": {}, "b": {"serve_host": "0.0.0.0"}}})
     msg = one_problem(inv)
     assert msg.startswith("h1: deployments.b.serve_port (from group 'fleet'): ")
     assert "port 8000 on 0.0.0.0 clashes with deployment 'a' (127.0.0.1:8000)" in msg
@@ -167,8 +167,9 @@ def test_port_clash_blames_the_entry_not_the_shared_default():
 
 
 def test_same_port_on_different_addresses_is_fine():
-    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "deployments": {
-        "a": {"serve_host": "10.0.0.1"}, "b": {"serve_host": "10.0.0.2"}}})
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "trusted_network": True,
+                                             "deployments": {"a": {"serve_host": "10.0.0.1"},
+                                                             "b": {"serve_host": "10.0.0.2"}}})
     assert len(settings_of(inv).deployments) == 2
 
 

@@ -1,0 +1,275 @@
+"""The nginx configuration of the TLS front, rendered on the control node (pure: no host access).
+
+Who may reach what (docs/configuration.md, "Proxy"):
+
+- ``/health`` is open (load balancers poll it; 503 while a rollout drains the host);
+- the CLIENT_ROUTES (the inference API vLLM documents for clients) need a client key or an
+  operator key;
+- every other path, including routes a future engine adds, is an operator route: it needs an
+  operator key (``operator_keys_file``) or a peer address in ``proxy_operator_networks``;
+  a client key gets 403, no key 401.
+
+Keys are matched exactly and case-sensitively (an nginx ``map`` compares plain strings without
+regard to case; a ``~`` regex is case-sensitive). Each key maps to a short id (c1, c2, o1, ...):
+the rate and connection limits count per client id (operator keys are exempt), and the access
+log writes the id, never the key, and never the query string.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
+MAX_KEY_LEN = 200
+NGINX_DIR = "/etc/nginx/gpuserve"
+
+# The client routes of vLLM's OpenAI-compatible server (0.32/0.33): (nginx location, body class).
+# "prompt" routes carry prompts (proxy_prompt_body_kib); "small" the rest (proxy_body_kib).
+CLIENT_ROUTES: tuple[tuple[str, str], ...] = (
+    ("= /v1/chat/completions", "prompt"),
+    ("= /v1/completions", "prompt"),
+    ("= /v1/responses", "prompt"),
+    ("~ ^/v1/responses/[A-Za-z0-9_.-]+(/cancel)?$", "small"),   # retrieve, cancel
+    ("= /v1/messages", "prompt"),
+    ("= /v1/messages/count_tokens", "small"),
+    ("= /v1/models", "small"),
+    ("= /tokenize", "small"),
+    ("= /detokenize", "small"),
+)
+# Not client routes (operator only, like any route not listed): /invocations and /ping
+# (SageMaker: /invocations runs any inference without the engine's key), /v1/chat/completions/batch,
+# /generative_scoring, /metrics, /load, /version, /docs, /openapi.json, /scale_elastic_ep, /sleep,
+# /reset_prefix_cache, /collective_rpc, /pause, /update_weights, ...
+
+TLS_CIPHERS = ":".join((
+    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+))
+
+
+@dataclass(frozen=True)
+class ProxyLimits:
+    prompt_body_kib: int = 4096     # chat/completions/responses/embeddings bodies
+    body_kib: int = 64              # every other route (tokenize included)
+    rate_per_key: int = 20          # requests per second per key, burst below
+    burst_per_key: int = 40
+    conn_per_key: int = 32          # requests in flight per key
+    conn_per_address: int = 64      # connections per client address (keys or not)
+    client_timeout_s: int = 10      # header read (whole), body read (between reads), send, idle
+
+
+def check_key(key: str) -> None:
+    if not KEY_CHARS.fullmatch(key):
+        raise ValueError("an API key may only hold letters, digits and ._~+/=-")
+    if len(key) > MAX_KEY_LEN:
+        raise ValueError(f"an API key may be at most {MAX_KEY_LEN} characters long")
+
+
+def key_pattern(key: str) -> str:
+    """The exact, case-sensitive nginx map regex for ``Authorization: Bearer <key>``."""
+    check_key(key)
+    escaped = "".join(c if c.isalnum() else "\\" + c for c in key)
+    return f'"~^Bearer\\ {escaped}$"'
+
+
+def keys_map(keys: Sequence[str], prefix: str) -> str:
+    """nginx map entries: each accepted Authorization header -> its id (``prefix`` + n)."""
+    return "".join(f"{key_pattern(key)} {prefix}{n};\n" for n, key in enumerate(keys, 1))
+
+
+def var(deployment: str) -> str:
+    return "gpuserve_" + re.sub(r"\W", "_", deployment)
+
+
+def common_conf() -> str:
+    """http-level settings shared by every deployment (conf.d/gpuserve-common.conf)."""
+    return (
+        "# Managed by gpuserve (pyinfra): settings of every gpuserve front\n"
+        "map_hash_bucket_size 256;\n"
+        "server_tokens off;\n"
+        "# no query string (it may carry a credential) and no key: the key's id is logged instead\n"
+        "log_format gpuserve '$remote_addr [$time_local] \"$request_method $uri $server_protocol\" '\n"
+        "                    '$status $body_bytes_sent $request_time key=$gpuserve_key_id';\n"
+    )
+
+
+def tls_conf(cert: str, key: str) -> str:
+    """TLS settings included by every gpuserve server block (TLS 1.2 ECDHE+AEAD only, and 1.3)."""
+    return (
+        "# Managed by gpuserve (pyinfra)\n"
+        f"ssl_certificate {cert};\n"
+        f"ssl_certificate_key {key};\n"
+        "ssl_protocols TLSv1.2 TLSv1.3;\n"
+        f"ssl_ciphers {TLS_CIPHERS};\n"
+        "ssl_prefer_server_ciphers on;\n"
+        "ssl_session_tickets off;\n"
+    )
+
+
+def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence[str],
+                engine_host: str, engine_port: int, drain_flag: str, read_timeout_s: int,
+                operator_networks: Sequence[str], limits: ProxyLimits) -> str:
+    """The front of one deployment (conf.d/gpuserve-<deployment>.conf)."""
+    v = var(deployment)
+    lim = limits
+    t = lim.client_timeout_s
+    # the default server's header timeout is the one that applies while a request's headers
+    # are read (before nginx knows the Host), so both servers get them
+    timeouts = [f"    client_header_timeout {t}s;\n", f"    client_body_timeout {t}s;\n",
+                f"    send_timeout {max(t, 60)}s;\n", f"    keepalive_timeout {t}s;\n"]
+    out = [
+        f"# Managed by gpuserve (pyinfra): the TLS front of deployment {deployment}.\n",
+        "# /health is open; the client routes need a client or operator key; every other route\n",
+        "# needs an operator key or a peer in proxy_operator_networks (gpuserve/proxy_conf.py).\n",
+        f"map $http_authorization ${v}_key {{\n",
+        "    default \"\";\n",
+        f"    include {NGINX_DIR}/{deployment}.keys;\n",
+        f"    include {NGINX_DIR}/{deployment}.operator-keys;\n",
+        "}\n",
+        f"geo ${v}_opnet {{\n",
+        "    default 0;\n",
+        *(f"    {net} 1;\n" for net in operator_networks),
+        "}\n",
+        "# 0: allowed; 401: no (known) key; 403: a client key on an operator route\n",
+        f"map \"${v}_key:${v}_opnet\" ${v}_operator {{\n",
+        "    ~^o 0;\n",
+        "    ~:1$ 0;\n",
+        "    ~^c 403;\n",
+        "    default 401;\n",
+        "}\n",
+        "# the per-key limits count client keys (by id); operator keys (scrapers, tools) are exempt\n",
+        f"map ${v}_key ${v}_client {{\n",
+        f"    ~^c ${v}_key;\n",
+        "    default \"\";\n",
+        "}\n",
+        f"limit_req_zone ${v}_client zone={v}_rate:1m rate={lim.rate_per_key}r/s;\n",
+        f"limit_conn_zone ${v}_client zone={v}_conn:1m;\n",
+        f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n",
+        "\n",
+        f"upstream {v}_engine {{\n",
+        f"    server {engine_host}:{engine_port};\n",
+        "    keepalive 16;\n",
+        "}\n",
+        "\n",
+        "# any other Host name on this address and port: 421, never a redirect to it\n",
+        "server {\n",
+        f"    listen {bind}:{port} ssl default_server;\n",
+        f"    include {NGINX_DIR}/tls.conf;\n",
+        *timeouts,
+        "    access_log /var/log/nginx/access.log gpuserve;\n",
+        "    set $gpuserve_key_id -;\n",
+        "    return 421;\n",
+        "}\n",
+        "\n",
+        "server {\n",
+        f"    listen {bind}:{port} ssl;\n",
+        f"    server_name {' '.join(server_names)};\n",
+        f"    include {NGINX_DIR}/tls.conf;\n",
+        "    add_header Strict-Transport-Security \"max-age=31536000\" always;\n",
+        "    absolute_redirect off;\n",
+        f"    set $gpuserve_key_id ${v}_key;\n",
+        "    access_log /var/log/nginx/access.log gpuserve;\n",
+        *timeouts,
+        f"    client_max_body_size {lim.body_kib}k;\n",
+        f"    client_body_buffer_size {lim.body_kib}k;\n",
+        f"    limit_conn {v}_addr {lim.conn_per_address};\n",
+        f"    limit_conn {v}_conn {lim.conn_per_key};\n",
+        f"    limit_req zone={v}_rate burst={lim.burst_per_key} nodelay;\n",
+        "    limit_req_status 429;\n",
+        "    limit_conn_status 429;\n",
+        "    proxy_http_version 1.1;\n",
+        *_headers("    "),
+        "\n",
+        "    location = /health {\n",
+        f"        if (-f {drain_flag}) {{\n",
+        "            return 503 \"draining\\n\";\n",
+        "        }\n",
+        f"        proxy_pass http://{v}_engine/health;\n",
+        "    }\n",
+    ]
+    for location, body in CLIENT_ROUTES:
+        size = lim.prompt_body_kib if body == "prompt" else lim.body_kib
+        out += [
+            "\n",
+            f"    location {location} {{\n",
+            f"        if (${v}_key = \"\") {{\n",
+            "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
+            "        }\n",
+            f"        client_max_body_size {size}k;\n",
+            *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
+            f"        proxy_pass http://{v}_engine;\n",
+            "        proxy_buffering off;\n",
+            f"        proxy_read_timeout {read_timeout_s}s;\n",
+            "    }\n",
+        ]
+    out += [
+        "\n",
+        "    # everything else (metrics, docs, scaling, sleep, cache resets, routes not known yet)\n",
+        "    location / {\n",
+        f"        if (${v}_operator = 401) {{\n",
+        "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
+        "        }\n",
+        f"        if (${v}_operator = 403) {{\n",
+        "            return 403 \"{\\\"error\\\": \\\"an operator route: client keys are not allowed\\\"}\\n\";\n",
+        "        }\n",
+        *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
+        f"        proxy_pass http://{v}_engine;\n",
+        "        proxy_buffering off;\n",
+        f"        proxy_read_timeout {read_timeout_s}s;\n",
+        "    }\n",
+        "}\n",
+    ]
+    return "".join(out)
+
+
+def _headers(indent: str, auth: str | None = None) -> list[str]:
+    """proxy_set_header lines; a block that sets any inherits none, so each proxying block gets
+    all of them: the engine logs the peer nginx saw, never an X-Forwarded-For a client sent."""
+    lines = ["proxy_set_header Host $host;", "proxy_set_header X-Forwarded-For $remote_addr;",
+             "proxy_set_header X-Real-IP $remote_addr;", 'proxy_set_header Forwarded "";',
+             'proxy_set_header Connection "";']
+    if auth:
+        lines.append(f"include {auth};")
+    return [f"{indent}{line}\n" for line in lines]
+
+
+NGINX_DROPIN = """\
+# Managed by gpuserve (pyinfra): nginx comes back after a crash (Debian's unit has Restart=no),
+# and runs confined. The master (root) reads the keys, binds, and starts workers as www-data.
+[Unit]
+StartLimitIntervalSec=600
+StartLimitBurst=20
+
+[Service]
+Restart=on-failure
+RestartSec=2
+CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL CAP_DAC_OVERRIDE
+NoNewPrivileges=yes
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectSystem=strict
+ReadWritePaths=/var/log/nginx /var/lib/nginx /run
+ProtectHome=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+ProtectProc=invisible
+ProcSubset=pid
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallFilter=~@resources @mount @debug @cpu-emulation @obsolete
+SystemCallErrorNumber=EPERM
+UMask=0027
+"""

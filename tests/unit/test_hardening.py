@@ -1,0 +1,151 @@
+"""The serving path's hardening, as rendered and validated on the control node (issue 12)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpuserve import proxy_conf
+from gpuserve.proxy_conf import ProxyLimits, server_conf
+
+from .helpers import SHA, make_inventory, one_problem, settings_of
+
+
+def _conf(**kw) -> str:
+    args = dict(deployment="minimax", bind="0.0.0.0", port=8443, server_names=["sandbox-1", "10.0.0.2"],
+                engine_host="127.0.0.1", engine_port=8000, drain_flag="/etc/gpuserve/minimax/drain",
+                read_timeout_s=600, operator_networks=["127.0.0.1/32"], limits=ProxyLimits())
+    return server_conf(**{**args, **kw})
+
+
+def _locations(conf: str) -> dict[str, str]:
+    """location argument -> its block."""
+    return {m[1]: m[2] for m in re.finditer(r"\n    location ([^{]+?) \{\n(.*?)\n    \}\n", conf, re.S)}
+
+
+def test_key_patterns_are_exact_and_case_sensitive():
+    pattern = proxy_conf.key_pattern("Ab.c+d/e=")
+    assert pattern == '"~^Bearer\\ Ab\\.c\\+d\\/e\\=$"'
+    regex = re.compile(pattern.strip('"')[1:].replace("\\ ", " "))
+    assert regex.fullmatch("Bearer Ab.c+d/e=")
+    for other in ("Bearer ab.c+d/e=", "bearer Ab.c+d/e=", "Bearer AbXc+d/e=", "Bearer Ab.c+d/e=x",
+                  "xBearer Ab.c+d/e="):
+        assert not regex.fullmatch(other), other
+    with pytest.raises(ValueError):
+        proxy_conf.key_pattern("a b")
+    with pytest.raises(ValueError):
+        proxy_conf.key_pattern("k" * 201)
+
+
+def test_clients_reach_only_the_inference_routes_and_everything_else_is_operator_only():
+    locations = _locations(_conf())
+    client = [loc for loc in locations if loc not in ("= /health", "/")]
+    assert [loc for loc, _ in proxy_conf.CLIENT_ROUTES] == client
+    for loc in client:
+        assert 'if ($gpuserve_minimax_key = "") {\n            return 401' in locations[loc]
+    for route in ("/metrics", "/scale_elastic_ep", "/docs", "/openapi.json", "/load", "/version",
+                  "/sleep", "/collective_rpc", "/reset_prefix_cache", "/invocations"):
+        assert f"= {route}" not in locations      # falls to location /, the operator block
+    operator = locations["/"]
+    assert "if ($gpuserve_minimax_operator = 403)" in operator
+    assert "if ($gpuserve_minimax_operator = 401)" in operator
+    conf = _conf()
+    # an operator key, or a peer in the operator networks; a client key is 403, none 401
+    assert "    ~^o 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n" in conf
+    assert "    127.0.0.1/32 1;\n" in conf
+
+
+def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():
+    conf = _conf(limits=ProxyLimits(prompt_body_kib=2048, body_kib=32, rate_per_key=7,
+                                    burst_per_key=3, conn_per_key=5))
+    locations = _locations(conf)
+    assert "client_max_body_size 2048k;" in locations["= /v1/chat/completions"]
+    assert "client_max_body_size 32k;" in locations["= /tokenize"]
+    assert "client_max_body_size 32k;" in locations["= /v1/models"]
+    # counted per key id (c1, o1: the map's values), never per raw header
+    assert "limit_req_zone $gpuserve_minimax_client zone=gpuserve_minimax_rate:1m rate=7r/s;" in conf
+    assert "map $gpuserve_minimax_key $gpuserve_minimax_client {\n    ~^c $gpuserve_minimax_key;\n" in conf
+    assert "limit_req zone=gpuserve_minimax_rate burst=3 nodelay;" in conf
+    assert "limit_conn gpuserve_minimax_conn 5;" in conf
+    assert "$http_authorization" not in conf.split("map $http_authorization", 1)[1].split("}", 1)[1]
+    assert "client_header_timeout 10s;" in conf and "client_body_timeout 10s;" in conf
+
+
+def test_log_format_has_no_query_string_and_no_key():
+    common = proxy_conf.common_conf()
+    fmt = common.split("log_format", 1)[1]
+    assert "$request " not in fmt and "$request_uri" not in fmt and "$args" not in fmt
+    assert "$http_authorization" not in fmt and "$uri" in fmt and "key=$gpuserve_key_id" in fmt
+    assert "server_tokens off;" in common
+
+
+def test_tls_hsts_default_server_and_forwarded_headers():
+    tls = proxy_conf.tls_conf("/c", "/k")
+    assert "ssl_protocols TLSv1.2 TLSv1.3;" in tls
+    ciphers = re.search(r"ssl_ciphers (\S+);", tls)[1].split(":")
+    assert ciphers and all(c.startswith("ECDHE-") and ("GCM" in c or "CHACHA20" in c) for c in ciphers)
+    conf = _conf()
+    default, main = conf.split("\nserver {\n")[1:]
+    assert "default_server" in default and "return 421;" in default
+    assert "client_header_timeout 10s;" in default     # headers are read before the Host is known
+    assert "server_name sandbox-1 10.0.0.2;" in main and "Strict-Transport-Security" in main
+    assert "\n    proxy_set_header X-Forwarded-For $remote_addr;\n" in main   # /health inherits it
+    for block in _locations(conf).values():
+        if "proxy_set_header" in block:      # a block with any inherits none: all of them here
+            assert "proxy_set_header X-Forwarded-For $remote_addr;" in block
+
+
+def test_proxy_limits_and_networks_are_validated():
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "proxy_body_kib": 0})
+    assert one_problem(inv).startswith("h1: proxy_body_kib (from group 'fleet'): 0 is not allowed")
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA,
+                                             "proxy_operator_networks": ["10.0.0.0/33"]})
+    assert "'10.0.0.0/33' is not an address or network" in one_problem(inv)
+    s = settings_of(make_inventory(group="cpu"))
+    assert s.proxy_limits["prompt_body_kib"] == 4096 and s.proxy_limits["conn_per_key"] == 32
+    assert ProxyLimits(**s.proxy_limits) == ProxyLimits()   # config defaults == the renderer's
+
+
+@pytest.mark.parametrize("serve_host", ["0.0.0.0", "10.0.0.5", "::"])
+def test_engine_beyond_loopback_without_the_proxy_is_refused(serve_host):
+    msg = one_problem(make_inventory(group="cpu", fleet={"model_revision": SHA, "serve_host": serve_host}))
+    assert msg.startswith(f"h1: serve_host (from group 'fleet'): {serve_host} is beyond loopback")
+    assert "proxy = True, or trusted_network = True" in msg
+    trusted = make_inventory(group="cpu", fleet={"model_revision": SHA, "serve_host": serve_host,
+                                                 "trusted_network": True})
+    assert settings_of(trusted).trusted_network is True
+
+
+def test_loopback_engine_needs_no_proxy():
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "serve_host": host})
+        assert settings_of(inv).deployments[0].serve_host == host
+
+
+def _unit(devices, loopback_only=True) -> str:
+    import jinja2
+
+    from gpuserve.layers.service import TEMPLATES
+    return jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
+        deployment="minimax", engine="vllm", deployment_dir="/etc/gpuserve/minimax",
+        current="/etc/gpuserve/minimax/current", secrets_env="/etc/gpuserve/minimax/secrets.env",
+        user_name="gpuserve", group_name="gpuserve", home="/var/lib/gpuserve", cache="/mnt/nvme/c",
+        start_timeout_s=3600, stop_timeout_s=90, devices=devices, supplementary_groups=[], after=[],
+        loopback_only=loopback_only)
+
+
+def test_engine_unit_is_confined_but_keeps_its_gpus():
+    nvidia = ["char-nvidia-frontend", "char-nvidia-uvm", "char-nvidia-caps", "/dev/nvidiactl"]
+    unit = _unit(nvidia)
+    for dev in nvidia:
+        assert f"DeviceAllow={dev} rw\n" in unit
+    for line in ("DevicePolicy=closed", "CapabilityBoundingSet=\n", "NoNewPrivileges=yes",
+                 "ProtectSystem=strict", "ProtectKernelTunables=yes", "RestrictNamespaces=yes",
+                 "SystemCallFilter=@system-service", "SystemCallArchitectures=native",
+                 "IPAddressDeny=any", "Restart=on-failure", "StartLimitBurst=10"):
+        assert line in unit, line
+    assert "\nMemoryDenyWriteExecute=" not in unit      # the JITs need W then X memory
+    assert "IPAddressDeny" not in _unit([], loopback_only=False)   # a trusted network beyond loopback
+    amd = _unit(["/dev/kfd", "char-drm"])
+    assert "DeviceAllow=/dev/kfd rw\nDeviceAllow=char-drm rw\n" in amd
