@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpuserve import engine_pins, layout, recipes, rollout, stack
+from gpuserve import engine_pins, layout, proxy_conf, recipes, rollout, stack
 from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
@@ -743,6 +743,11 @@ def _deployments(c: _Checker, model_repo: str | None,
         if not (isinstance(name, str) and DEPLOYMENT_NAME.fullmatch(name)):
             c.problem(f"deployments.{name}", "a deployment name becomes the unit gpuserve-<name>"
                       ".service: use lowercase letters, digits, '-' and '_' (at most 40)", src)
+            ok = False
+            continue
+        if name in proxy_conf.OWN_NAMES:
+            c.problem(f"deployments.{name}", f"{name!r} is the name of a file the proxy writes for "
+                      f"itself (conf.d/gpuserve-{name}.conf); choose another name", src)
             ok = False
             continue
         if entry is None:

@@ -84,6 +84,16 @@ def var(deployment: str) -> str:
     return "gpuserve_" + re.sub(r"\W", "_", deployment)
 
 
+# The proxy's own files share the names deployments get: conf.d/gpuserve-<deployment>.conf beside
+# conf.d/gpuserve-common.conf. A deployment may not take one of these names (config refuses it).
+OWN_NAMES = ("common",)
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as nginx reads it: an IPv6 literal goes in brackets (``[::1]:8443``)."""
+    return f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def common_conf() -> str:
     """http-level settings shared by every deployment (conf.d/gpuserve-common.conf)."""
     return (
@@ -150,13 +160,13 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n",
         "\n",
         f"upstream {v}_engine {{\n",
-        f"    server {engine_host}:{engine_port};\n",
+        f"    server {host_port(engine_host, engine_port)};\n",
         "    keepalive 16;\n",
         "}\n",
         "\n",
         "# any other Host name on this address and port: 421, never a redirect to it\n",
         "server {\n",
-        f"    listen {bind}:{port} ssl default_server;\n",
+        f"    listen {host_port(bind, port)} ssl default_server;\n",
         f"    include {NGINX_DIR}/tls.conf;\n",
         *timeouts,
         "    access_log /var/log/nginx/access.log gpuserve;\n",
@@ -165,7 +175,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "}\n",
         "\n",
         "server {\n",
-        f"    listen {bind}:{port} ssl;\n",
+        f"    listen {host_port(bind, port)} ssl;\n",
         f"    server_name {' '.join(server_names)};\n",
         f"    include {NGINX_DIR}/tls.conf;\n",
         "    add_header Strict-Transport-Security \"max-age=31536000\" always;\n",

@@ -149,3 +149,32 @@ def test_engine_unit_is_confined_but_keeps_its_gpus():
     assert "IPAddressDeny" not in _unit([], loopback_only=False)   # a trusted network beyond loopback
     amd = _unit(["/dev/kfd", "char-drm"])
     assert "DeviceAllow=/dev/kfd rw\nDeviceAllow=char-drm rw\n" in amd
+
+
+@pytest.mark.parametrize("bind, engine, listen, server", [
+    ("::1", "::1", "listen [::1]:8443 ssl;", "server [::1]:8000;"),
+    ("::", "127.0.0.1", "listen [::]:8443 ssl;", "server 127.0.0.1:8000;"),
+    ("0.0.0.0", "127.0.0.1", "listen 0.0.0.0:8443 ssl;", "server 127.0.0.1:8000;"),
+])
+def test_ipv6_addresses_are_bracketed_for_nginx(bind, engine, listen, server):
+    # unbracketed, nginx reads "listen ::1:8443" as port 1 of host "::" (or refuses the file)
+    conf = _conf(bind=bind, engine_host=engine)
+    assert f"    {listen}\n" in conf and f"    {server}\n" in conf
+
+
+@pytest.mark.parametrize("name", proxy_conf.OWN_NAMES)
+def test_a_deployment_named_after_a_file_the_proxy_writes_for_itself_is_refused(name):
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "deployments": {name: {}}})
+    msg = one_problem(inv)
+    assert msg.startswith(f"h1: deployments.{name} (from group 'fleet'): '{name}' is the name of a "
+                          "file the proxy writes for itself")
+
+
+def test_the_proxy_files_a_deployment_could_collide_with_are_the_ones_listed():
+    # every name conf.d/gpuserve-<x>.conf the proxy layer writes for itself is in OWN_NAMES
+    from gpuserve.layers import proxy as layer
+
+    with open(layer.__file__) as fh:
+        source = fh.read()
+    own = set(re.findall(r"/etc/nginx/conf\.d/gpuserve-([a-z0-9_-]+)\.conf", source))
+    assert own == set(proxy_conf.OWN_NAMES)
