@@ -93,10 +93,16 @@ def flag(text: str) -> bool | None:
 
 
 def pci_short(bus_id: str) -> str:
-    """'00000000:18:00.0', '0000:18:00.0', 'PCI:0000:18:00' -> '18:00' (bus:device)."""
+    """'00000000:18:00.0', '0000:18:00.0', 'PCI:0000:18:00' -> '0:18:00' (domain:bus:device).
+    The domain stays: Grace-based trays put each GPU in its own domain at the same bus 01:00."""
     parts = bus_id.strip().lower().replace("pci:", "").split(":")
     if len(parts) >= 2:
-        return f"{parts[-2]}:{parts[-1].split('.')[0]}"
+        domain = parts[-3] if len(parts) >= 3 else "0"
+        try:
+            domain = f"{int(domain, 16):x}"
+        except ValueError:
+            pass
+        return f"{domain}:{parts[-2]}:{parts[-1].split('.')[0]}"
     return bus_id.lower()
 
 

@@ -23,7 +23,8 @@ from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
-from gpuserve.values import addresses_overlap, host_path_problem, key_file_problem, url_problem
+from gpuserve.values import (addresses_overlap, host_path_problem, is_loopback, key_file_problem,
+                             url_problem)
 
 if TYPE_CHECKING:
     from pyinfra.api import Host, Inventory
@@ -709,16 +710,7 @@ def _flag_value_ok(value: Any) -> bool:
     return False
 
 
-def _is_loopback(value: str) -> bool:
-    if value.lower() in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        ip = ipaddress.ip_address(value.strip("[]"))
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped   # ::ffff:127.0.0.1 is 127.0.0.1
-    return ip.is_loopback
+_is_loopback = is_loopback
 
 
 def _is_host(value: str) -> bool:

@@ -70,32 +70,3 @@ class HardwareProfile:
         if self.driver_version:
             parts.append(f"driver {self.driver_version}")
         return ", ".join(parts)
-
-
-def mismatches(declared: HardwareProfile, observed: HardwareProfile) -> list[str]:
-    """What the facts contradict in the declared profile (empty when they agree).
-
-    Memory only counts when the host has less than declared (drivers reserve a little, so
-    ``nvidia-smi`` never shows the marketing number); NVSwitch only when both sides know it.
-    """
-    problems = []
-    if declared.gpu_model != observed.gpu_model:
-        problems.append(f"gpu_model: declared {declared.gpu_model}, host has {observed.gpu_model}")
-    if declared.gpu_count != observed.gpu_count:
-        problems.append(f"gpu_count: declared {declared.gpu_count}, host has {observed.gpu_count}")
-    if (
-        declared.gpu_memory_gib is not None
-        and observed.gpu_memory_gib is not None
-        and observed.gpu_memory_gib < declared.gpu_memory_gib
-    ):
-        problems.append(
-            f"gpu_memory_gib: declared {declared.gpu_memory_gib:g}, "
-            f"host has {observed.gpu_memory_gib:g} per GPU"
-        )
-    if (
-        declared.nvswitch is not None
-        and observed.nvswitch is not None
-        and declared.nvswitch != observed.nvswitch
-    ):
-        problems.append(f"nvswitch: declared {declared.nvswitch}, host has {observed.nvswitch}")
-    return problems

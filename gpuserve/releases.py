@@ -88,16 +88,6 @@ class Ledger:
             return self
         return Ledger(self.releases, new, self.current)
 
-    def rollback_target(self, named: str | None = None) -> str:
-        """The release a rollback goes to: ``previous``, or a named release on the host."""
-        if named is not None:
-            if named not in self.releases:
-                raise ValueError(f"release {named} is not on the host (have: {', '.join(self.releases)})")
-            return named
-        if self.previous is None:
-            raise ValueError("there is no previous release to roll back to")
-        return self.previous
-
     def to_collect(self, keep_previous: int, order: Iterable[str]) -> list[str]:
         """Releases retention removes: all but current, previous and the newest ``keep_previous``
         others, where ``order`` lists release ids oldest first (e.g. by directory mtime)."""

@@ -155,7 +155,7 @@ def read_pointers(deployment: str) -> str:
 
 LOCK_FILE = "/var/lib/gpuserve-rollout/lock"   # root-only; not the service user's home
 LOCK_TAKEN, LOCK_HELD = "gpuserve-lock: taken", "gpuserve-lock: held"
-RUN_ID = re.compile(r"[0-9a-f]{12}")
+RUN_ID = re.compile(r"r[0-9a-f]{11}")   # a letter first: --data never reads it as a number
 
 
 @dataclass(frozen=True)
@@ -190,13 +190,23 @@ def _marker(run: str) -> str:
     return '"run": "' + run + '"'
 
 
-def lock_take(holder: LockHolder) -> str:
-    """Create the lock atomically (noclobber) or print who holds it."""
-    q = shlex.quote
+def _locked(command: str) -> str:
+    """``command`` under the lock directory's mutex (flock): takes, refreshes, breaks and releases
+    never interleave on one host."""
     d = posixpath.dirname(LOCK_FILE)
     return (f"mkdir -p {d} && chmod 700 {d} && "
-            f"if (set -C; printf '%s\\n' {q(holder.to_json())} > {LOCK_FILE}) 2>/dev/null; "
-            f"then echo {q(LOCK_TAKEN)}; else echo {q(LOCK_HELD)}; cat {LOCK_FILE}; fi")
+            f"flock -w 30 {d}/.mutex sh -c {shlex.quote(command)}")
+
+
+def lock_take(holder: LockHolder) -> str:
+    """Create the lock whole and at once (a private temp file, then a hard link, which fails if
+    the lock exists), or print who holds it."""
+    q = shlex.quote
+    tmp = f"{LOCK_FILE}.{holder.run}"
+    return _locked(
+        f"umask 077; printf '%s\\n' {q(holder.to_json())} > {tmp} && "
+        f"if ln {tmp} {LOCK_FILE} 2>/dev/null; then rm -f {tmp}; echo {q(LOCK_TAKEN)}; "
+        f"else rm -f {tmp}; echo {q(LOCK_HELD)}; cat {LOCK_FILE}; fi")
 
 
 def lock_replace(old_run: str, holder: LockHolder) -> str:
@@ -204,15 +214,15 @@ def lock_replace(old_run: str, holder: LockHolder) -> str:
     lock, or breaking a stale one); exits non-zero when somebody else holds it by then."""
     q = shlex.quote
     tmp = f"{LOCK_FILE}.{holder.run}"
-    return (f"grep -qF {q(_marker(old_run))} {LOCK_FILE} && "
-            f"printf '%s\\n' {q(holder.to_json())} > {tmp} && mv -f {tmp} {LOCK_FILE}")
+    return _locked(f"umask 077; grep -qF {q(_marker(old_run))} {LOCK_FILE} && "
+                   f"printf '%s\\n' {q(holder.to_json())} > {tmp} && mv -f {tmp} {LOCK_FILE}")
 
 
 def lock_release(run: str) -> str:
     """Remove the lock only if this run holds it."""
     q = shlex.quote
-    return (f"if grep -qF {q(_marker(run))} {LOCK_FILE} 2>/dev/null; "
-            f"then rm -f {LOCK_FILE}; fi")
+    return _locked(f"if grep -qF {q(_marker(run))} {LOCK_FILE} 2>/dev/null; "
+                   f"then rm -f {LOCK_FILE}; fi")
 
 
 def parse_lock_output(output: str) -> tuple[bool, LockHolder | None]:

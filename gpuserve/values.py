@@ -104,3 +104,17 @@ def addresses_overlap(a: str, b: str) -> bool:
         if "*6" in wild and any(":" in x or x.count(".") == 3 for x in other):
             return True
     return False
+
+
+def is_loopback(value: str) -> bool:
+    """Whether a listen address is this host's loopback (``localhost``, ``127.x``, ``::1``,
+    ``[::1]``, ``::ffff:127.0.0.1``): the one test validation and the unit both use."""
+    if value.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        ip = ipaddress.ip_address(value.strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped   # ::ffff:127.0.0.1 is 127.0.0.1
+    return ip.is_loopback

@@ -1,8 +1,7 @@
 """GPUs as the host reports them: ``nvidia-smi`` / ``amd-smi`` output -> a hardware profile.
 
 The parsers are pure (tests feed them recorded output from tests/unit/fixtures/); ``Gpus`` is
-the pyinfra fact that runs whichever tool the host has and parses it. Compare the result with
-the declared profile using ``gpuserve.hardware.mismatches``.
+the pyinfra fact that runs whichever tool the host has and parses it.
 
 A host can list GPUs in nvidia-smi while CUDA itself fails (fabric manager missing): this fact
 is an inventory, not a health check.

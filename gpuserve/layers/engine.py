@@ -25,13 +25,6 @@ from gpuserve import layout, wheelhouse
 from gpuserve.config import HostSettings, load_host
 
 
-def engine_spec(settings: HostSettings) -> eng.EngineSpec:
-    """The current host's engine spec (call inside a deploy: a wheelhouse set is chosen by the
-    host's architecture, a fact). ``spec.env_dir`` is the venv the unit runs,
-    ``gpuserve.engine.launch_argv(spec, ...)`` its command."""
-    return _resolve(settings)[0]
-
-
 def _resolve(settings: HostSettings) -> tuple[eng.EngineSpec, wheelhouse.WheelSet | None]:
     if settings.wheelhouse is None:
         return eng.spec_for(settings), None

@@ -34,11 +34,14 @@ NGINX_DIR = proxy_conf.NGINX_DIR
 # `systemctl reload nginx` returns once the master got the signal, while the old workers (old keys)
 # still accept connections: wait (5 s at most) until none of them does, so a rotated key is live
 # when the converge says so
+# (a failed reload fails the operation; old workers still streaming after 5 s are only reported:
+# they finish their requests and exit, and accept no new connections meanwhile)
 RELOAD_AND_WAIT = (
-    "old=$(pgrep -f '^nginx: worker process$' | tr '\\n' ' '); systemctl reload nginx; "
+    "old=$(pgrep -f '^nginx: worker process$' | tr '\\n' ' '); systemctl reload nginx || exit 1; "
     "for i in $(seq 50); do busy=; for p in $old; do "
     "ps -o args= -p $p 2>/dev/null | grep -q 'worker process$' && busy=1; done; "
-    "[ -z \"$busy\" ] && break; sleep 0.1; done"
+    "[ -z \"$busy\" ] && break; sleep 0.1; done; "
+    "[ -z \"$busy\" ] || echo 'gpuserve: old nginx workers are still finishing requests'"
 )
 
 

@@ -21,7 +21,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
 from pyinfra.operations import python
 
-from gpuserve import recipes, rollout
+from gpuserve import layout, recipes, rollout
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.service import Deployment, DeploymentState
@@ -71,15 +71,31 @@ def _roll(state, host, kind: str) -> bool:
     hosts = _hosts_in_order(state)
     me = _holder(kind)
     taken: list = []
+    refresher = None
     try:
         taken = _lock_all(hosts, me, settings)
+        # refreshed at every batch, and every few minutes within one (a batch can outlast the
+        # stale limit: several deployments, each a stop and a gate of up to ready_timeout_s)
+        stale = min(settings[h.name].rollout_lock_stale_s for h in hosts)
+        refresher = gevent.spawn(_keep_fresh, taken, me, max(5.0, min(stale / 4, 300.0)))
         _roll_batches(state, kind, plan, settings, beat=lambda: _beat(taken, me))
     except OperationError as exc:
         logger.error(f"--> {exc}")
         return False
     finally:
+        if refresher is not None:
+            refresher.kill()
         _unlock(taken, me)
     return True
+
+
+def _keep_fresh(hosts: list, me: LockHolder, every_s: float) -> None:
+    while True:
+        gevent.sleep(every_s)
+        try:
+            _beat(hosts, me)
+        except _MoveFailed as exc:   # the next batch's refresh stops the rollout
+            logger.warning(f"    {exc}")
 
 
 # --- the rollout lock (gpuserve.rollout: LockHolder, lock_take, ...) ------------------------------
@@ -87,7 +103,7 @@ def _roll(state, host, kind: str) -> bool:
 def _holder(kind: str) -> LockHolder:
     node = socket.gethostname()
     now = time.time()
-    return LockHolder(run=uuid.uuid4().hex[:12], who=f"{getpass.getuser()}@{node}", node=node,
+    return LockHolder(run="r" + uuid.uuid4().hex[:11], who=f"{getpass.getuser()}@{node}", node=node,
                       pid=os.getpid(), kind=kind, since=now, beat=now)
 
 
@@ -245,7 +261,10 @@ def _moved_already(h, move: Move) -> bool:
     pointers = _run(h, rollout.read_pointers(move.deployment)).split()
     current = pointers[0].rsplit("/", 1)[-1] if pointers else None
     drained = _shell(h, f"test -e {rollout.drain_flag(move.deployment)}", COMMAND_TIMEOUT_S)[0]
-    if current == move.to_release and not drained:   # drained: that rollout died half-way
+    active = _shell(h, f"systemctl is-active --quiet {layout.unit_name(move.deployment)}",
+                    COMMAND_TIMEOUT_S)[0]
+    # drained or stopped: that rollout died half-way, so this one finishes the move
+    if current == move.to_release and not drained and active:
         logger.info(f"    [{h.name}] {move.deployment} already serves {move.to_release} (another "
                     "rollout moved it since this one was planned): skipped")
         return True

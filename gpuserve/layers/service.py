@@ -23,6 +23,7 @@ from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.facts.service import Deployment, DeploymentState, ReleaseRecords
 from gpuserve.releases import Ledger, unreferenced
+from gpuserve.values import is_loopback
 from gpuserve.service import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
                               secrets_env_path, tools_enabled)
 
@@ -104,7 +105,9 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
         cache=layout.cache_dir(settings.nvme_path, name),
         start_timeout_s=dep.ready_timeout_s, stop_timeout_s=dep.shutdown_timeout_s + STOP_MARGIN_S,
         devices=_devices(settings), supplementary_groups=_groups(settings), after=_after(settings),
-        loopback_only=_loopback(dep.serve_host),
+        # GPU engines with several ranks reach each other (NCCL/gloo bootstrap) on the host's
+        # own address, not loopback: the address filter is for engines without GPUs only
+        loopback_only=is_loopback(dep.serve_host) and not serve.gpus,
     )
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
     systemd.service(name=f"{name}: unit enabled at boot", service=layout.unit_name(name),
@@ -175,14 +178,6 @@ def _devices(settings: HostSettings) -> list[str]:
     if vendor == "amd":
         return ["/dev/kfd", "char-drm"]
     return []
-
-
-def _loopback(serve_host: str) -> bool:
-    import ipaddress
-    try:
-        return serve_host == "localhost" or ipaddress.ip_address(serve_host).is_loopback
-    except ValueError:
-        return False
 
 
 def _groups(settings: HostSettings) -> list[str]:

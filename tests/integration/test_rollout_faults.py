@@ -203,21 +203,21 @@ def test_a_lock_left_by_another_control_node_is_broken_only_by_force_unlock(flee
     args = ("--data", f"model_revision={fleet['sha1']}")
     before = {h.name: view.pointers(sandbox, h, DEP) for h in fleet["hosts"]}
     now = time.time()
-    gone = LockHolder(run="0123456789ab", who="ops@ctl-gone", node="ctl-gone", pid=4242,
+    gone = LockHolder(run="r0123456789a", who="ops@ctl-gone", node="ctl-gone", pid=4242,
                       kind="upgrade", since=now - 60, beat=now - 60)
     sandbox.ssh(second, f"mkdir -p -m 700 {os.path.dirname(LOCK_FILE)} && "
                         f"printf '%s\\n' '{gone.to_json()}' > {LOCK_FILE}")
     refused = pyinfra(INV, ROLLBACK, *args)
     assert refused.returncode != 0
-    assert (f"rollback refused: {second.name} is locked by upgrade run 0123456789ab by ops@ctl-gone "
+    assert (f"rollback refused: {second.name} is locked by upgrade run r0123456789a by ops@ctl-gone "
             "(pid 4242)") in refused.output, refused.output[-4000:]
-    assert "--data force_unlock=0123456789ab" in refused.output
+    assert "--data force_unlock=r0123456789a" in refused.output
     # nothing moved, and the lock the refused run took on the first host was given back
     assert {h.name: view.pointers(sandbox, h, DEP) for h in fleet["hosts"]} == before
     assert _lock_of(sandbox, first) is None and _lock_of(sandbox, second) == gone
 
-    run = pyinfra(INV, ROLLBACK, *args, "--data", "force_unlock=0123456789ab").check()
-    assert "force_unlock=0123456789ab names it" in run.output
+    run = pyinfra(INV, ROLLBACK, *args, "--data", "force_unlock=r0123456789a").check()
+    assert "force_unlock=r0123456789a names it" in run.output
     for h in fleet["hosts"]:
         assert view.pointers(sandbox, h, DEP)[0] == before[h.name][1]
         assert _lock_of(sandbox, h) is None

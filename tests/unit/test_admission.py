@@ -77,7 +77,10 @@ def test_value_helpers():
     assert admission.number("[Not Supported]") is None and admission.number("16 x") == 16
     assert admission.flag("Enabled") and admission.flag("Yes") and admission.flag("1")
     assert admission.flag("Disabled") is False and admission.flag("No") is False and admission.flag("[N/A]") is None
-    assert admission.pci_short("00000000:2A:00.0") == admission.pci_short("PCI:0000:2a:00") == "2a:00"
+    assert admission.pci_short("00000000:2A:00.0") == admission.pci_short("PCI:0000:2a:00") == "0:2a:00"
+    # Grace trays: one GPU per PCI domain, all at bus 01:00; an XID names only its own GPU
+    assert admission.pci_short("00000008:01:00.0") == admission.pci_short("PCI:0008:01:00") == "8:01:00"
+    assert admission.pci_short("00000009:01:00.0") != admission.pci_short("PCI:0008:01:00")
 
 
 def test_fact_output_sections_are_split_and_parsed():

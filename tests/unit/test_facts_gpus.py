@@ -15,7 +15,7 @@ from gpuserve.facts.gpus import (
     parse_gpu_fact,
     parse_nvidia_smi,
 )
-from gpuserve.hardware import HardwareProfile, mismatches
+from gpuserve.hardware import HardwareProfile
 
 from .helpers import FIXTURES
 
@@ -157,13 +157,3 @@ def test_fact_command_runs_the_parsed_query():
     assert "nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id,uuid " \
            "--format=csv,noheader" in command
     assert "amd-smi static --asic --vram" in command and "amd-smi list" in command
-
-
-def test_mismatches_between_declared_and_observed():
-    declared = HardwareProfile("H200", 8, nvswitch=True, gpu_memory_gib=141)
-    observed = HardwareProfile("H200", 8, gpu_memory_gib=140.4)
-    assert mismatches(declared, observed) == [
-        "gpu_memory_gib: declared 141, host has 140.4 per GPU"]
-    assert mismatches(HardwareProfile("H200", 8, True), observed) == []
-    assert mismatches(HardwareProfile("GB200", 4), observed) == [
-        "gpu_model: declared GB200, host has H200", "gpu_count: declared 4, host has 8"]

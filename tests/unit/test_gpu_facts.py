@@ -1,10 +1,9 @@
-"""Fact parsers against the real tools' output formats (nvidia-smi, /proc, dpkg, apt, amd-smi, findmnt, df)."""
+"""Fact parsers against the real tools' output formats (nvidia-smi, /proc, dpkg, apt, amd-smi)."""
 
 from gpuserve.facts.amd import parse_amd_smi_static, parse_amd_versions
 from gpuserve.facts.apt import parse_apt_policy
 from gpuserve.facts.nvidia import (parse_cuda_check, parse_dpkg_status, parse_loaded_module,
                                    parse_module_versions, parse_nvidia_smi)
-from gpuserve.facts.storage import parse_df, parse_findmnt, nvme_mounts
 from gpuserve.stack import FoundGpu
 
 # nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader,nounits
@@ -150,17 +149,3 @@ def test_amd_versions():
     not_loaded = parse_amd_versions(["AMDSMI Tool: 26.2.1 | ROCm version: 7.2.0 | amdgpu version: N/A",
                                      "--- packages"])
     assert not_loaded.loaded is None and not_loaded.installed == {}
-
-
-def test_nvme_mounts_and_free_space():
-    lines = ["/dev/vda1 / ext4 270553174016 65127620608",
-             "/dev/nvme0n1p1 /mnt/nvme xfs 7681501126656 7000000000000",
-             "/dev/nvme1n1 /mnt/nvme\\x20two ext4 3840755982336 100",
-             "proc /proc proc 0 0"]
-    mounts = nvme_mounts(parse_findmnt(lines))
-    assert [(m.source, m.target, m.avail_bytes) for m in mounts] == [
-        ("/dev/nvme0n1p1", "/mnt/nvme", 7000000000000), ("/dev/nvme1n1", "/mnt/nvme two", 100)]
-    df = parse_df(["Filesystem     Type     1-blocks        Used   Available Capacity Mounted on",
-                   "/dev/nvme0n1p1 xfs  7681501126656 681501126656 7000000000000      9% /mnt/nvme"])
-    assert (df.target, df.fstype, df.avail_bytes) == ("/mnt/nvme", "xfs", 7000000000000)
-    assert parse_df([]) is None

@@ -2,11 +2,12 @@
 
 The fake prints the H200 x8 fixture for the fact's own queries; the script must record what the
 facts' commands print, parse it with the project's parsers and say what it saw. The CUDA check
-runs for real: this machine has no libcuda.so.1, so it must report that, and the smoke NOT OK.
+runs for real: where the machine has no libcuda.so.1 it must report that, and the smoke NOT OK.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import subprocess
 import sys
@@ -43,6 +44,8 @@ def test_smoke_records_the_fact_outputs_and_parses_them(tmp_path):
     assert fixture.read_text().splitlines()[0] in (out / "gpus_fact.txt").read_text()
     assert (out / "gpus_fact.command").read_text().count("--query-gpu=") == 1
     assert "nvidia_smi_gpus" in done.stdout and (out / "nvidia_smi_gpus.txt").is_file()
-    assert "CUDA check: count=None" in done.stdout  # no driver library on this machine
-    assert "SMOKE NOT OK" in done.stdout and done.returncode == 0
+    if ctypes.util.find_library("cuda") is None:   # no driver library here: the check says so
+        assert "CUDA check: count=None" in done.stdout
+        assert "SMOKE NOT OK" in done.stdout
+    assert done.returncode == 0
     assert Path(out / "nvidia-smi-q.txt").read_text().startswith("=====")

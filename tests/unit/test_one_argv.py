@@ -22,7 +22,7 @@ MODEL = "/mnt/nvme/gpuserve/models/m/sha"
     ("hopper_x8", {}),
     ("cpu", {"model_repo": "gpuserve-test/tiny-chat"}),
 ])
-def test_the_plan_argv_is_the_unit_argv_with_the_flags_inline(group, fleet):
+def test_the_plan_starts_with_the_program_the_unit_runs(group, fleet):
     settings = settings_of(make_inventory(group=group, fleet={"model_revision": SHA, **fleet}))
     serve = render(settings, "minimax")
     spec = engine.spec_for(settings)

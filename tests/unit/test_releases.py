@@ -50,16 +50,6 @@ def test_switch_moves_current_to_previous():
         ledger.after_switch("r9")
 
 
-def test_rollback_target():
-    ledger = Ledger(("r1", "r2", "r3"), current="r3", previous="r2")
-    assert ledger.rollback_target() == "r2"
-    assert ledger.rollback_target("r1") == "r1"
-    with pytest.raises(ValueError, match="r9 is not on the host"):
-        ledger.rollback_target("r9")
-    with pytest.raises(ValueError, match="no previous release"):
-        Ledger(("r1",), "r1", None).rollback_target()
-
-
 def test_retention_keeps_current_and_n_previous():
     ledger = Ledger(("r1", "r2", "r3", "r4"), current="r4", previous="r3")
     order = ["r1", "r2", "r3", "r4"]
