@@ -194,7 +194,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         *_headers("    "),
         "    # nginx picks the location from the normalized path but forwards the raw one: a client\n",
         "    # route with dot segments or encoded separators could reach another route upstream\n",
-        "    if ($request_uri ~* \"(/\\.|%2e|%2f|%5c|\\\\)\") {\n",
+        "    if ($request_uri ~* \"(/\\.|%2e|%2f|%5c)\") {\n",
         "        return 400;\n",
         "    }\n",
         "\n",

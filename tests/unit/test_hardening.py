@@ -178,3 +178,14 @@ def test_the_proxy_files_a_deployment_could_collide_with_are_the_ones_listed():
         source = fh.read()
     own = set(re.findall(r"/etc/nginx/conf\.d/gpuserve-([a-z0-9_-]+)\.conf", source))
     assert own == set(proxy_conf.OWN_NAMES)
+
+
+def test_paths_with_dot_segments_or_encoded_separators_are_refused():
+    # the pattern as nginx reads it (inside double quotes nginx turns \\ into \ and keeps \.)
+    line = next(ln for ln in _conf().splitlines() if "$request_uri" in ln)
+    raw = re.search(r'~\* "(.*)"\) \{$', line)[1]
+    pattern = re.compile(raw.replace("\\\\", "\\"), re.I)   # an unbalanced pattern fails here, as in nginx
+    for bad in ("/metrics/../v1/models", "/v1/%2e%2e/metrics", "/v1/models/..%2Fmetrics", "/v1/./models"):
+        assert pattern.search(bad), bad
+    for good in ("/v1/chat/completions", "/v1/models", "/v1/models/minimax-m3.1-flash", "/health"):
+        assert not pattern.search(good), good
