@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
-import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -710,9 +709,6 @@ def _flag_value_ok(value: Any) -> bool:
     return False
 
 
-_is_loopback = is_loopback
-
-
 def _is_host(value: str) -> bool:
     try:
         ipaddress.ip_address(value)
@@ -873,7 +869,7 @@ def check_host(host: Host, *, require_revision: bool = True,
                           "client in without keys: name a file of keys on the control node",
                           dep.origin("api_keys_file")[1])
     for dep in deployments or ():
-        if (not _is_loopback(dep.serve_host) and level.get("proxy") is False
+        if (not is_loopback(dep.serve_host) and level.get("proxy") is False
                 and level.get("trusted_network") is False):
             key, src = dep.origin("serve_host")
             c.problem(key, f"{dep.serve_host} is beyond loopback and no proxy is in front: vLLM's key "
