@@ -75,6 +75,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     # service layer and rollouts (docs/configuration.md, "Service, proxy and rollouts")
     "keep_releases": 1,  # previous releases kept besides current (their envs and checkpoints too)
     "drain_s": 5,  # seconds a host is out of the proxy before its engine stops
+    "drain_timeout_s": 120,  # then at most this long for its in-flight requests to finish
     "proxy": False,  # nginx with TLS and API keys in front of every deployment
     "proxy_bind": "0.0.0.0",
     "proxy_tls_cert_file": None,  # control-node paths; None: a self-signed pair made on the host
@@ -236,6 +237,7 @@ class HostSettings:
     proxy_operator_networks: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
     proxy_server_names: tuple[str, ...] = ()
     trusted_network: bool = False
+    drain_timeout_s: int = 120  # a move waits this long at most for in-flight requests
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -479,6 +481,7 @@ def _host_level(c: _Checker) -> dict[str, Any]:
         unavailable = None
     keep = c.integer("keep_releases", 1, maximum=20)
     drain = c.integer("drain_s", 0, maximum=3600)
+    drain_timeout = c.integer("drain_timeout_s", 0, maximum=86400)
     proxy = c.get("proxy")
     if not isinstance(proxy, bool):
         c.problem("proxy", f"{proxy!r} is not allowed; use True or False")
@@ -505,8 +508,8 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if not isinstance(trusted, bool):
         c.problem("trusted_network", f"{trusted!r} is not allowed; use True or False")
     return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
-                max_unavailable=unavailable, keep_releases=keep, drain_s=drain, proxy=proxy,
-                proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
+                max_unavailable=unavailable, keep_releases=keep, drain_s=drain, drain_timeout_s=drain_timeout,
+                proxy=proxy, proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
                 force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))
 
 

@@ -133,6 +133,29 @@ def into_rotation(deployment: str) -> str:
     return f"rm -f {drain_flag(deployment)}"
 
 
+RUNNING_METRICS = ("vllm:num_requests_running", "sglang:num_running_reqs")
+
+
+def running_requests(metrics_url: str) -> str:
+    """Print the engine's running-request gauges (vLLM's or SGLang's), one sample per line."""
+    pattern = "|".join(RUNNING_METRICS)
+    return (f"curl -fsS --max-time 5 {shlex.quote(metrics_url)} | "
+            f"grep -E {shlex.quote('^(' + pattern + ')[{ ]')} || true")
+
+
+def parse_running(text: str) -> int:
+    """Sum of the running-request samples that ``running_requests`` printed (0 when none)."""
+    total = 0.0
+    for line in text.splitlines():
+        parts = line.rsplit(None, 1)
+        if len(parts) == 2 and parts[0].split("{", 1)[0] in RUNNING_METRICS:
+            try:
+                total += float(parts[1])
+            except ValueError:
+                continue
+    return int(total)
+
+
 def stop(deployment: str) -> str:
     """systemd sends SIGTERM to the engine only; in-flight requests get --shutdown-timeout s."""
     return f"systemctl stop {layout.unit_name(deployment)}"

@@ -16,15 +16,17 @@ import uuid
 
 import gevent
 from pyinfra import host, logger
-from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
 from pyinfra.operations import python
 
 from gpuserve import layout, recipes, rollout
 from gpuserve.config import HostSettings
+from gpuserve.layers import rotation
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.service import Deployment, DeploymentState
+from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
+from gpuserve.layers.remote import run as _run, shell as _shell
 from gpuserve.rollout import LockHolder, Move
 from gpuserve.service import gate_command, probe_url, tools_enabled
 
@@ -52,10 +54,6 @@ def add_rollout(kind: str, moves: list[Move]) -> None:
     if moves:
         python.call(name=f"Rolling {kind}, in inventory order, max_unavailable hosts at a time",
                     function=_roll, kind=kind, _run_once=True)
-
-
-class _MoveFailed(Exception):
-    pass
 
 
 def _roll(state, host, kind: str) -> bool:
@@ -214,31 +212,6 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
             time.sleep(settle)
 
 
-COMMAND_TIMEOUT_S = 60   # a step of a move other than stop and the gate; bounds an unreachable host
-
-
-def _shell(h, command: str, timeout: float):
-    """run_shell_command bounded as a whole: pyinfra's _timeout covers reading the output only,
-    and opening a channel to a host that vanished can wait for an hour."""
-    try:
-        with gevent.Timeout(timeout):
-            return h.run_shell_command(StringCommand(command), _sudo=bool(h.data.get("_sudo")),
-                                       _timeout=timeout)
-    except (gevent.Timeout, TimeoutError):
-        raise _MoveFailed(f"{h.name}: `{command}` got no answer in {timeout:.0f} s; is the host "
-                          "reachable?") from None
-    except Exception as exc:   # the connection itself failed: reset, closed, ...
-        raise _MoveFailed(f"{h.name}: `{command}` failed on the connection "
-                          f"({type(exc).__name__}: {exc}); is the host reachable?") from None
-
-
-def _run(h, command: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
-    ok, output = _shell(h, command, timeout)
-    if not ok:
-        raise _MoveFailed(f"{h.name}: `{command}` failed: {output.output[-600:]}")
-    return output.stdout
-
-
 def _gate(h, s: HostSettings, dep_name: str) -> tuple[bool, str]:
     dep = s.deployment(dep_name)
     serve = recipes.render(s, dep)
@@ -293,24 +266,19 @@ def _move_host(h, moves: list[Move], s: HostSettings) -> None:
 
 
 def _move_deployment(h, move: Move, s: HostSettings) -> None:
-    if s.proxy:
-        _run(h, rollout.out_of_rotation(move.deployment))
-        logger.info(f"    [{h.name}] {move.deployment} out of the proxy; waiting {s.drain_s} s for "
-                    "load balancers")
-        time.sleep(s.drain_s)
+    rotation.take_out(h, s, move.deployment)
+    rotation.wait_drained(h, s, move.deployment)
     before = _run(h, rollout.read_pointers(move.deployment)).split()
     old_current = before[0].rsplit("/", 1)[-1] if before else None
     old_previous = before[1].rsplit("/", 1)[-1] if len(before) > 1 else None
     t0 = time.monotonic()
-    logger.info(f"    [{h.name}] {move}: stopping (drain), switching, starting")
+    logger.info(f"    [{h.name}] {move}: stopping, switching, starting")
     _switch(h, move, move.to_release, move.previous, s)
     ok, why = _gate(h, s, move.deployment)
     if ok:
         logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
                     f"after {time.monotonic() - t0:.0f} s")
-        if s.proxy:
-            _run(h, rollout.into_rotation(move.deployment))
-            logger.info(f"    [{h.name}] {move.deployment} back in the proxy")
+        rotation.back_in(h, s, move.deployment)
         return
     logger.warning(f"    [{h.name}] {move.deployment} failed its gate on {move.to_release}: {why}")
     if old_current == move.to_release:   # resuming an interrupted move: back to what it left
@@ -321,8 +289,8 @@ def _move_deployment(h, move: Move, s: HostSettings) -> None:
                              else "it served nothing before") + ", so it stays down")
     _switch(h, move, old_current, old_previous, s)
     back, why_back = _gate(h, s, move.deployment)
-    if s.proxy and back:
-        _run(h, rollout.into_rotation(move.deployment))
+    if back:
+        rotation.back_in(h, s, move.deployment)
     raise _MoveFailed(
         f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
         + (f"rolled back to {old_current}, serving again" if back

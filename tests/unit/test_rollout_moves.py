@@ -97,3 +97,33 @@ def test_a_drained_deployment_on_its_target_is_finished_not_skipped(settings, mo
     h = RecordingHost({"fast": "r2", "deep": "r2"}, drained={"fast"})
     layer._move_host(h, [Move("h1", "fast", "r1", "r2", "r1")], settings)
     assert _events(h) == ["out fast", "start fast", "in fast"]
+
+
+def test_running_requests_are_summed_over_engines_and_both_engines_metric_names():
+    text = ('vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+            'sglang:num_running_reqs{model_name="m"} 2\n'
+            'vllm:num_requests_waiting{engine="0"} 9.0\n')
+    assert rollout.parse_running(text) == 6
+    assert rollout.parse_running("") == 0
+
+
+def test_a_move_waits_for_running_requests_before_it_stops_the_engine(settings, monkeypatch):
+    from gpuserve.layers import rotation
+    monkeypatch.setattr(layer, "_gate", lambda h, s, dep: (True, "ok"))
+    monkeypatch.setattr(rotation, "DRAIN_POLL_S", 0)
+    running = iter(["2", "1", "0"])
+
+    class Busy(RecordingHost):
+        def run_shell_command(self, command, _sudo=False, _timeout=None):
+            text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
+            if "/metrics" in text:
+                self.ran.append("metrics")
+                out = f"vllm:num_requests_running{{engine=\"0\"}} {next(running)}\n"
+                return True, SimpleNamespace(stdout=out, stderr="", output=out)
+            return super().run_shell_command(command, _sudo, _timeout)
+
+    h = Busy({"fast": "r1"})
+    layer._move_host(h, [Move("h1", "fast", "r1", "r2", "r1")], settings)
+    stop_at = h.ran.index(rollout.stop("fast"))
+    assert h.ran[:stop_at].count("metrics") == 3     # polled until 0, and only then stopped
