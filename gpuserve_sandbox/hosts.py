@@ -308,7 +308,7 @@ class Sandbox:
         """Wait until sshd answers and systemd finished booting; return the system state."""
         deadline = time.monotonic() + wait
         pidfile = self.host_dir(host) / "nspawn.pid"
-        state = "unknown"
+        state, retried = "unknown", False
         while time.monotonic() < deadline:
             if not _alive(pidfile):
                 raise SandboxError(f"{host.name}: nspawn exited during boot; see "
@@ -319,12 +319,35 @@ class Sandbox:
             if state == "running":
                 return state
             if state == "degraded":
-                failed = run([*self.ssh_args(host), "systemctl --failed --no-legend --plain"],
-                             check=False).stdout.split()
-                return f"degraded (failed: {' '.join(u for u in failed if '.' in u)})"
+                failed = self._failed_units(host)
+                if failed and not retried and self._retry_cgroup_failures(host, failed):
+                    retried = True
+                    continue
+                return f"degraded (failed: {' '.join(failed)})"
             time.sleep(0.3)
         raise SandboxError(f"{host.name} ({host.ip}) not ready after {wait:.0f} s (state {state}); "
                            f"see {self.host_dir(host) / 'console.log'}")
+
+    def _failed_units(self, host: SandboxHost) -> list[str]:
+        out = run([*self.ssh_args(host), "systemctl --failed --no-legend --plain"], check=False).stdout
+        return [line.split()[0] for line in out.splitlines() if line.split() and "." in line.split()[0]]
+
+    def _retry_cgroup_failures(self, host: SandboxHost, failed: list[str]) -> bool:
+        """Start again, once, the units that failed "at step CGROUP" (exit status 219): under load, nspawn on this
+        kind of machine sometimes fails the first units systemd spawns that way (a failure of the
+        container runtime, not of the unit: systemd-remount-fs, systemd-tmpfiles-setup-dev were
+        seen). Any other failure is left for the caller to report. True if it retried."""
+        # 219 is systemd's EXIT_CGROUP ("status=219/CGROUP"): the unit never ran
+        status = run([*self.ssh_args(host), "systemctl show -p ExecMainStatus --value "
+                      + " ".join(shlex.quote(u) for u in failed)], check=False).stdout.split()
+        cgroup = [u for u, code in zip(failed, status) if code == "219"]
+        if not cgroup or len(cgroup) != len(failed):
+            return False
+        log(f"{host.name}: {' '.join(cgroup)} failed at step CGROUP during boot (a container "
+            "runtime race under load); starting them again once")
+        run([*self.ssh_args(host), f"systemctl reset-failed; systemctl restart {' '.join(cgroup)}"],
+            check=False, timeout=60)
+        return True
 
     def _down_hosts(self) -> None:
         hosts_dir = self.state_dir / "hosts"
