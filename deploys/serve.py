@@ -4,13 +4,17 @@
 
 The whole inventory is validated before any host is touched. A host that serves nothing yet is
 started and gated; a host that is serving keeps serving its release while the new one is staged
-beside it (roll it out with deploys/upgrade.py). Idempotent: a second run reports no changes.
+beside it (roll it out with deploys/upgrade.py). Likewise a host that is serving never gets a new
+GPU stack here and is never rebooted: its stack change waits for deploys/upgrade.py, which moves
+hosts max_unavailable at a time. Idempotent: a second run reports no changes.
 """
+
+from pyinfra import host, logger
 
 from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.engine import engine
-from gpuserve.layers.gpu_stack import gpu_stack
+from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.service import service
 from gpuserve.layers.weights import weights
@@ -19,7 +23,11 @@ from gpuserve.service import desired_releases
 settings = host_settings()
 
 base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-gpu_stack()
+pending = stack_move(settings) if serving(settings) else None
+if pending:
+    logger.warning(f"    [{host.name}] serves now: its GPU stack change ({pending.reason}) waits for "
+                   "deploys/upgrade.py, which moves it out of rotation first; nothing changes here")
+gpu_stack(disruptive=pending is None)
 spec = engine(settings)
 weights(settings)
 service(settings, desired_releases(settings, spec))

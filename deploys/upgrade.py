@@ -2,10 +2,14 @@
 
     pyinfra inventories/prod.py deploys/upgrade.py
 
-Every host first gets the new release staged beside the one it serves (engine, weights, files);
-then hosts move max_unavailable at a time, in inventory order: out of the proxy, stop (drains),
-switch, start, readiness gate, back in. A failed gate puts that host back on its release and
-stops the rollout (exit non-zero); hosts not reached keep theirs. Running it again once every
+Every host first gets the new release staged beside the one it serves (engine, weights, files),
+and the GPU stack's repositories and pins; then hosts move max_unavailable at a time, in inventory
+order: out of rotation, drain, stop, switch, start, readiness gate, back in. A host whose GPU
+stack (driver, fabric manager, DCGM, ROCm) differs from group data first moves its stack: every
+engine out and stopped, unhold -> install -> hold, a reboot only if the loaded module differs,
+verify, admission checks, start, gate, back in. A failed gate puts that host back on its release
+and stops the rollout (exit non-zero); a host that fails after its stack changed stays out of
+rotation with its engines stopped; hosts not reached keep their release and stack. Running it again once every
 host serves the pinned release changes nothing; running it again after an interrupted rollout
 (the run killed, a host unreachable) finishes it.
 """
@@ -13,6 +17,7 @@ host serves the pinned release changes nothing; running it again after an interr
 from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.engine import engine
+from gpuserve.layers.gpu_stack import gpu_stack, stack_move
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.rollout import add_rollout, deployment_state
 from gpuserve.layers.service import service
@@ -28,7 +33,8 @@ weights(settings)
 releases = desired_releases(settings, spec)
 service(settings, releases, start=False)
 proxy(settings)
-moves = []
+gpu_stack(disruptive=False)
+moves = [m for m in [stack_move(settings)] if m]
 for dep in settings.deployments:
     st = deployment_state(settings, dep.name)
     if move := upgrade_move(settings.host, dep.name, st.current, releases[dep.name].id,

@@ -92,6 +92,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "proxy_server_names": [],  # Host names the proxy answers besides the host's name and address
     "trusted_network": False,  # True: serve_host may leave loopback without the proxy
     "rollback_to": None,  # deploys/rollback.py: a release id instead of each host's previous
+    "rollback_stack": False,  # deploys/rollback.py: back to the previous GPU stack recorded on each host
     # how the engine venv is built (gpuserve.engine, gpuserve.layers.engine)
     "uv_version": UV_VERSION,
     "python_downloads": "automatic",  # never: the system's python3.X (no downloads)
@@ -238,6 +239,7 @@ class HostSettings:
     proxy_server_names: tuple[str, ...] = ()
     trusted_network: bool = False
     drain_timeout_s: int = 120  # a move waits this long at most for in-flight requests
+    rollback_stack: bool = False  # deploys/rollback.py moves the GPU stack back, not the release
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -507,7 +509,10 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     trusted = c.get("trusted_network")
     if not isinstance(trusted, bool):
         c.problem("trusted_network", f"{trusted!r} is not allowed; use True or False")
-    return dict(nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
+    rollback_stack = c.get("rollback_stack")
+    if not isinstance(rollback_stack, bool):
+        c.problem("rollback_stack", f"{rollback_stack!r} is not allowed; use True or False")
+    return dict(rollback_stack=rollback_stack, nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, drain_timeout_s=drain_timeout,
                 proxy=proxy, proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
                 force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))

@@ -42,6 +42,27 @@ class Move:
         return f"{self.host} {self.deployment}: {self.from_release or '(none)'} -> {self.to_release}"
 
 
+@dataclass(frozen=True)
+class StackMove:
+    """A GPU-stack change on one host: every deployment out, drained and stopped; the held set
+    changed; a reboot if the loaded module differs; verify; admission; start; gate; back in."""
+    host: str
+    to_stack: str                           # gpuserve.stack.describe of the target
+    reason: str                             # why the host is not there yet (gpuserve.stack.pending_reason)
+    pins: tuple[tuple[str, object], ...]    # the target's stack pins (gpuserve.stack.PIN_KEYS)
+    deployments: tuple[str, ...]            # the engines it stops and starts again
+    os: str = "debian12"                    # gpuserve.stack.os_key of the host
+    rollback: bool = False                  # deploys/rollback.py: the record ends on the target alone
+
+    def __str__(self) -> str:
+        return f"{self.host} GPU stack -> {self.to_stack} ({self.reason})"
+
+
+def stack_moves_first(moves: Sequence) -> list:
+    """A host's stack move runs before its release moves (it restarts every engine anyway)."""
+    return sorted(moves, key=lambda m: not isinstance(m, StackMove))
+
+
 def upgrade_move(host: str, deployment: str, current: str | None, desired: str,
                  previous: str | None = None, interrupted: bool = False) -> Move | None:
     """The move an upgrade makes; None when the host already serves ``desired``.

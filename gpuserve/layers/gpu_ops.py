@@ -37,15 +37,35 @@ def fail(message: str) -> FunctionCommand:
     return FunctionCommand(report, (), {})
 
 
-def _plan(specs: list[PackageSpec], family: tuple[str, ...], with_versions: bool = False) -> stack.PackagePlan:
-    installed = {name: next(iter(versions)) for name, versions in host.get_fact(DebPackages).items() if versions}
-    held = host.get_fact(AptHolds)
+def _plan(specs: list[PackageSpec], family: tuple[str, ...], with_versions: bool = False,
+          get=None) -> stack.PackagePlan:
+    """The set's plan from facts read now: ``get`` is pyinfra's ``host.get_fact`` inside an
+    operation, or a rollout's fresh read of another host (gpuserve.layers.remote.fact)."""
+    get = get or host.get_fact
+    installed = {name: next(iter(versions)) for name, versions in get(DebPackages).items() if versions}
+    held = get(AptHolds)
     plan = stack.plan_packages(specs, installed, held, None, family)
     if with_versions and plan.changes:
-        policy = host.get_fact(AptPolicy, packages=[s.name for s in specs])
+        policy = get(AptPolicy, packages=[s.name for s in specs])
         available = {name: p.versions for name, p in policy.items()}
         plan = stack.plan_packages(specs, installed, held, available, family)
     return plan
+
+
+def module_state(vendor: str, package: str, get=None) -> tuple[str | None, str | None]:
+    """(installed version of the kernel module package, loaded module version)."""
+    get = get or host.get_fact
+    found = get(NvidiaKernelModule) if vendor == "nvidia" else get(AmdgpuModule)
+    return found.installed.get(package), found.loaded
+
+
+def pending_change(settings: stack.StackSettings, os: str, get=None) -> str | None:
+    """Why the host's GPU stack is not ``settings``' yet, or None (gpuserve.stack.pending_reason)."""
+    get = get or host.get_fact
+    t = stack.target(settings, os)
+    module, loaded = module_state(settings.vendor, t.module_package, get)
+    installed = {name: next(iter(v)) for name, v in get(DebPackages).items() if v}
+    return stack.pending_reason(_plan(t.specs, t.family, get=get), module, loaded, t.specs, installed)
 
 
 @operation()
@@ -87,24 +107,38 @@ def hold_set(specs: list[PackageSpec], family: tuple[str, ...] = ()):
 def reboot_for_driver(vendor: str, package: str, allowed: bool, delay: int, timeout: int):
     """Reboot when the installed kernel module package is not the loaded module, if allowed;
     otherwise fail the host saying so (nothing after this operation runs)."""
-    if vendor == "nvidia":
-        found = host.get_fact(NvidiaKernelModule)
-        what = "NVIDIA driver"
-    else:
-        found = host.get_fact(AmdgpuModule)
-        what = "amdgpu driver"
-    installed = found.installed.get(package)
-    if not stack.module_differs(found.loaded, installed):
+    what = "NVIDIA driver" if vendor == "nvidia" else "amdgpu driver"
+    installed, loaded = module_state(vendor, package)
+    if not stack.module_differs(loaded, installed):
         return
     if not allowed:
-        yield fail(stack.reboot_refused_message(host.name, what, installed, found.loaded))
+        yield fail(stack.reboot_refused_message(host.name, what, installed, loaded))
         return
     yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=timeout)
 
 
-def _units_active(units: list[str]) -> dict[str, bool]:
-    status = host.get_fact(SystemdStatus, services=[f"{u}.service" for u in units])
+def _units_active(units: list[str], get) -> dict[str, bool]:
+    status = get(SystemdStatus, services=[f"{u}.service" for u in units])
     return {u: bool(status.get(f"{u}.service")) for u in units}
+
+
+def nvidia_problems(settings: stack.StackSettings, get=None) -> list[str]:
+    """Declared hardware and configured stack against the host now (empty: all as declared)."""
+    get = get or host.get_fact
+    smi = get(NvidiaSmiGpus)
+    cuda = get(CudaDeviceCount)
+    seen = stack.NvidiaObserved(
+        loaded_driver=get(NvidiaKernelModule).loaded, gpus=smi.gpus, smi_error=smi.error,
+        driver_gpus=get(NvidiaDriverGpus),
+        nvswitches=len(get(NvSwitchDevices)), units_active=_units_active(stack.nvidia_units(settings), get),
+        cuda_count=cuda.count, cuda_error=cuda.error)
+    return stack.check_nvidia(settings, seen)
+
+
+def amd_problems(settings: stack.StackSettings, get=None) -> list[str]:
+    get = get or host.get_fact
+    smi = get(AmdSmiGpus)
+    return stack.check_amd(settings, stack.AmdObserved(smi.gpus, smi.error, get(AmdgpuModule).rocm))
 
 
 @operation()
@@ -113,14 +147,7 @@ def verify_nvidia(settings: stack.StackSettings):
     driver, nvidia-smi's GPUs, NVSwitches, services and a CUDA device count."""
     if not state.is_executing:   # a prediction would only repeat the facts before the install
         return
-    smi = host.get_fact(NvidiaSmiGpus)
-    cuda = host.get_fact(CudaDeviceCount)
-    seen = stack.NvidiaObserved(
-        loaded_driver=host.get_fact(NvidiaKernelModule).loaded, gpus=smi.gpus, smi_error=smi.error,
-        driver_gpus=host.get_fact(NvidiaDriverGpus),
-        nvswitches=len(host.get_fact(NvSwitchDevices)), units_active=_units_active(stack.nvidia_units(settings)),
-        cuda_count=cuda.count, cuda_error=cuda.error)
-    problems = stack.check_nvidia(settings, seen)
+    problems = nvidia_problems(settings)
     if problems:
         yield fail(stack.failure_message(host.name, problems))
 
@@ -130,21 +157,20 @@ def verify_amd(settings: stack.StackSettings):
     """Declared hardware against amd-smi, and the ROCm release it reports."""
     if not state.is_executing:
         return
-    smi = host.get_fact(AmdSmiGpus)
-    seen = stack.AmdObserved(smi.gpus, smi.error, host.get_fact(AmdgpuModule).rocm)
-    problems = stack.check_amd(settings, seen)
+    problems = amd_problems(settings)
     if problems:
         yield fail(stack.failure_message(host.name, problems))
 
 
-def admission_findings(settings: stack.StackSettings) -> list[admission_checks.Finding]:
-    """Every admission check on every GPU of the current host, from its facts now."""
+def admission_findings(settings: stack.StackSettings, get=None) -> list[admission_checks.Finding]:
+    """Every admission check on every GPU of the host, from its facts now."""
+    get = get or host.get_fact
     a = settings.admission
     if settings.vendor == "nvidia":
-        seen = host.get_fact(NvidiaAdmission, nvswitch=settings.nvswitch, dcgm=settings.dcgm)
+        seen = get(NvidiaAdmission, nvswitch=settings.nvswitch, dcgm=settings.dcgm)
         return admission_checks.evaluate_nvidia(a, seen, settings.gpu_count, settings.nvswitch)
     if settings.vendor == "amd":
-        return admission_checks.evaluate_amd(a, host.get_fact(AmdAdmission), settings.gpu_count)
+        return admission_checks.evaluate_amd(a, get(AmdAdmission), settings.gpu_count)
     return []
 
 

@@ -8,40 +8,104 @@ time (holds, reboot, verification) are in gpuserve.layers.gpu_ops.
 
 from __future__ import annotations
 
+import json
 from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
+from pyinfra.facts.files import File, FileContents
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import layout, stack
 from gpuserve.layers import gpu_ops
+from gpuserve.facts.service import Deployment
 from gpuserve.layers.context import host_settings
+from gpuserve.rollout import StackMove
+from gpuserve.service import probe_url
 
 DOWNLOADS = "/var/cache/gpuserve"
 
 
 @deploy("GPU stack")
-def gpu_stack() -> None:
+def gpu_stack(disruptive: bool = True) -> None:
     """Install, pin, hold, load and verify the GPU stack the host's group data declares.
 
     Nothing happens on hosts without a declared gpu_model (cpu hosts) or with gpu_stack: False
-    (hosts whose drivers are managed elsewhere).
+    (hosts whose drivers are managed elsewhere). ``disruptive=False`` (a host that serves, with
+    a stack change pending) writes only what changes nothing under a running engine: the
+    repositories, keyring and the apt pin; the change itself is a move of deploys/upgrade.py.
     """
     settings = host_settings().stack
     if not settings.enabled or settings.vendor is None:
         return
     try:
-        os = stack.os_key(host.get_fact(LinuxDistribution)["release_meta"])
+        os = host_os()
         arch = host.get_fact(DebArch)
         if settings.vendor == "nvidia":
-            _nvidia(settings, os, arch)
+            _nvidia(settings, os, arch, disruptive)
         else:
-            _amd(settings, os, arch)
+            _amd(settings, os, arch, disruptive)
     except stack.StackError as exc:   # the host itself (OS, architecture) does not fit
         raise stack.StackError(f"{host.name}: {exc}") from None
+
+
+def host_os() -> str:
+    return stack.os_key(host.get_fact(LinuxDistribution)["release_meta"])
+
+
+def serving(settings) -> bool:
+    """Whether any deployment of the host serves now (its unit active and /health 200)."""
+    return any(_state(settings, d.name).serving for d in settings.deployments)
+
+
+def _state(settings, dep_name: str):
+    dep = settings.deployment(dep_name)
+    return host.get_fact(Deployment, deployment=dep_name,
+                         health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+
+
+def stack_move(settings, rollback_pins: dict | None = None) -> StackMove | None:
+    """The host's GPU-stack move for a rollout, from its facts now; None when its stack is the
+    target (group data's, or ``rollback_pins``) and no earlier stack move is unfinished."""
+    s = settings.stack
+    if not s.enabled or s.vendor is None:
+        return None
+    os = host_os()
+    t = stack.with_pins(s, rollback_pins) if rollback_pins else s
+    reason = gpu_ops.pending_change(t, os)
+    if reason is None and host.get_fact(File, path=stack.STACK_MOVING):
+        reason = "an earlier GPU stack move did not finish (the host is still out of rotation)"
+    if reason is None:
+        return None
+    serving_deps = tuple(d.name for d in settings.deployments if _state(settings, d.name).current)
+    return StackMove(host.name, stack.describe(t), reason, tuple(sorted(stack.pins(t).items())),
+                     serving_deps, os, rollback=rollback_pins is not None)
+
+
+def stack_rollback_move(settings) -> StackMove | None:
+    """deploys/rollback.py --data rollback_stack=True: the move back to the previous stack recorded
+    on the host; ValueError naming the host when none is recorded."""
+    if not settings.stack.enabled or settings.stack.vendor is None:
+        return None
+    return stack_move(settings, rollback_pins=stack.rollback_pins(recorded_stack(), host.name))
+
+
+def recorded_stack() -> dict | None:
+    """The stack record on the host (gpuserve.stack.STACK_RECORD), as the run began."""
+    lines = host.get_fact(FileContents, path=stack.STACK_RECORD)
+    return stack.parse_record("\n".join(lines)) if lines else None
+
+
+def _record(s: stack.StackSettings) -> None:
+    """After a converge that verified and admitted the stack: what it serves, and what before."""
+    record = stack.record_after(recorded_stack(), stack.pins(s))
+    files.directory(name="GPU stack record directory", path=stack.STACK_RECORD.rsplit("/", 1)[0],
+                    user="root", group="root", mode="700")
+    files.put(name=f"Record the GPU stack: {stack.describe(s)}",
+              src=StringIO(json.dumps(record, sort_keys=True) + "\n"), dest=stack.STACK_RECORD,
+              user="root", group="root", mode="600")
 
 
 def _held_set(label: str, specs: list[stack.PackageSpec], family: tuple[str, ...] = ()) -> None:
@@ -52,7 +116,7 @@ def _held_set(label: str, specs: list[stack.PackageSpec], family: tuple[str, ...
     gpu_ops.hold_set(name=f"Hold the {label}", specs=specs, family=family)
 
 
-def _nvidia(s: stack.StackSettings, os: str, deb_arch: str) -> None:
+def _nvidia(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool) -> None:
     arch = stack.cuda_arch(deb_arch)
     blacklist = files.put(name="Blacklist nouveau", src=StringIO(stack.NOUVEAU_BLACKLIST_TEXT),
                           dest=stack.NOUVEAU_BLACKLIST, mode="644")
@@ -69,6 +133,8 @@ def _nvidia(s: stack.StackSettings, os: str, deb_arch: str) -> None:
     files.put(name=f"Pin the NVIDIA driver packages to {s.driver_version}",
               src=StringIO(stack.nvidia_preferences(s)), dest=stack.NVIDIA_PREFERENCES, mode="644")
     apt.packages(name="Python for the CUDA check", packages=["python3"])
+    if not disruptive:
+        return
     _held_set(f"NVIDIA stack ({s.driver_version}, {s.flavour})", stack.nvidia_packages(s, os),
               stack.nvidia_family(os))
     gpu_ops.reboot_for_driver(name="Reboot to load the NVIDIA driver", vendor="nvidia",
@@ -78,9 +144,10 @@ def _nvidia(s: stack.StackSettings, os: str, deb_arch: str) -> None:
         systemd.service(name=f"Run {unit}", service=f"{unit}.service", running=True, enabled=True)
     gpu_ops.verify_nvidia(name="Verify GPUs, NVSwitches, services and CUDA", settings=s)
     gpu_ops.admission(name="Admission checks (ECC, retired pages, row remap, PCIe, NVLink, XID)", settings=s)
+    _record(s)
 
 
-def _amd(s: stack.StackSettings, os: str, deb_arch: str) -> None:
+def _amd(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool) -> None:
     files.directory(name="apt keyrings", path="/etc/apt/keyrings", mode="755")
     files.download(name="Download the ROCm repository key", src=stack.rocm_key_url(s),
                    dest=stack.ROCM_KEY, mode="644")
@@ -88,6 +155,8 @@ def _amd(s: stack.StackSettings, os: str, deb_arch: str) -> None:
               src=StringIO(stack.rocm_sources(s, os, deb_arch)), dest=stack.ROCM_SOURCES, mode="644")
     files.put(name="Prefer ROCm packages from AMD's repository", src=StringIO(stack.ROCM_PREFERENCES_TEXT),
               dest=stack.ROCM_PREFERENCES, mode="644")
+    if not disruptive:
+        return
     _held_set(f"ROCm {s.rocm_version} stack", stack.amd_packages(s))
     for group in stack.GPU_GROUPS:
         server.group(name=f"Group {group}", group=group, system=True)
@@ -97,3 +166,4 @@ def _amd(s: stack.StackSettings, os: str, deb_arch: str) -> None:
                               allowed=s.reboot_allowed, delay=s.reboot_delay, timeout=s.reboot_timeout)
     gpu_ops.verify_amd(name="Verify GPUs and ROCm", settings=s)
     gpu_ops.admission(name="Admission checks (ECC, PCIe)", settings=s)
+    _record(s)

@@ -37,3 +37,23 @@ def run(h, command: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
     if not ok:
         raise MoveFailed(f"{h.name}: `{command}` failed: {output.output[-600:]}")
     return output.stdout
+
+
+MISSING = "__gpuserve_missing_command__"
+
+
+def fact(h, cls, timeout: float = COMMAND_TIMEOUT_S, **kwargs):
+    """A pyinfra fact read fresh from host ``h`` now, bounded in time (pyinfra's own
+    ``host.get_fact`` is for the host of the running operation; a rollout reads other hosts, and
+    must read them again after it changed them). The fact's own command and parser are used."""
+    f = cls()
+    command = str(f.command(**kwargs))
+    requires = f.requires_command(**kwargs)
+    if requires:
+        command = (f"if command -v {requires} >/dev/null 2>&1; then ( {command} ); "
+                   f"else echo {MISSING}; fi")
+    ok, output = shell(h, command, timeout)
+    lines = output.stdout_lines
+    if not ok or not lines or lines == [MISSING]:
+        return f.default()
+    return f.process(lines)

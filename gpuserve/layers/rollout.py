@@ -20,15 +20,16 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
 from pyinfra.operations import python
 
-from gpuserve import layout, recipes, rollout
+from gpuserve import layout, rollout
 from gpuserve.config import HostSettings
-from gpuserve.layers import rotation
+from gpuserve.layers import rotation, stack_move
+from gpuserve.layers.gate import gate as _gate
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.service import Deployment, DeploymentState
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
 from gpuserve.layers.remote import run as _run, shell as _shell
-from gpuserve.rollout import LockHolder, Move
-from gpuserve.service import gate_command, probe_url, tools_enabled
+from gpuserve.rollout import LockHolder, Move, StackMove
+from gpuserve.service import probe_url
 
 
 def _hosts_in_order(state) -> list:
@@ -212,14 +213,6 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
             time.sleep(settle)
 
 
-def _gate(h, s: HostSettings, dep_name: str) -> tuple[bool, str]:
-    dep = s.deployment(dep_name)
-    serve = recipes.render(s, dep)
-    ok, output = _shell(h, gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s),
-                        timeout=dep.ready_timeout_s + COMMAND_TIMEOUT_S)
-    return ok, (output.stderr.strip().splitlines() or ["no output"])[-1]
-
-
 def _switch(h, move: Move, current: str, previous: str | None, s: HostSettings) -> None:
     stop_s = s.deployment(move.deployment).shutdown_timeout_s + COMMAND_TIMEOUT_S
     _run(h, rollout.stop(move.deployment), timeout=stop_s)
@@ -259,9 +252,12 @@ def _move_host_reporting(h, moves: list[Move], s: HostSettings) -> str | None:
 def _move_host(h, moves: list[Move], s: HostSettings) -> None:
     """Move the host's deployments one at a time, so it keeps serving the others: each goes out
     of rotation, is switched and gated, and comes back in before the next one leaves. On a failed
-    gate, that deployment goes back to what it served, and the move stops (raises)."""
-    for move in moves:
-        if not _moved_already(h, move):
+    gate, that deployment goes back to what it served, and the move stops (raises). A GPU-stack
+    move (gpuserve.layers.stack_move) comes first and takes every deployment out at once."""
+    for move in rollout.stack_moves_first(moves):
+        if isinstance(move, StackMove):
+            stack_move.move_stack(h, move, s)
+        elif not _moved_already(h, move):
             _move_deployment(h, move, s)
 
 

@@ -1,0 +1,180 @@
+"""The GPU-stack move: a driver (or ROCm) change on a host that serves, as one step of a rollout.
+
+    out       every deployment out of rotation (gpuserve.layers.rotation), drained
+    stop      every engine stopped
+    change    the target's apt pin / sources, apt lists, unhold -> install -> hold (one transaction)
+    reboot    only if the installed kernel module is not the loaded one, and reboot is allowed
+    verify    the declared GPUs, NVSwitches, services, CUDA/ROCm (gpuserve.stack.check_nvidia/amd)
+    admit     the admission checks per GPU (gpuserve.admission)
+    record    the stack it now serves, and the one before (gpuserve.stack.STACK_RECORD)
+    start     every engine, each through its readiness gate
+    in        back into rotation
+
+Every decision reads the host's facts fresh at that moment (gpuserve.layers.remote.fact), with
+the same code the GPU-stack layer uses in a converge (gpuserve.layers.gpu_ops). A failure before
+the change puts the host back into rotation on its old stack; a failure after it leaves the host
+out: engines stopped, drain flags kept, and the rollout halts naming the host and the check.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import gevent
+from pyinfra import logger
+
+from gpuserve import admission, rollout, stack
+from gpuserve.config import HostSettings
+from gpuserve.layers import gpu_ops, remote, rotation
+from gpuserve.layers.gate import gate
+from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
+from gpuserve.rollout import StackMove
+
+APT_TIMEOUT_S = 1800    # apt-get install of a driver set (DKMS builds the module)
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+
+
+def target_settings(s: HostSettings, move: StackMove) -> stack.StackSettings:
+    return stack.with_pins(s.stack, dict(move.pins))
+
+
+def read_record(h) -> dict | None:
+    ok, output = shell(h, f"cat {stack.STACK_RECORD} 2>/dev/null", COMMAND_TIMEOUT_S)
+    return stack.parse_record(output.stdout) if ok else None
+
+
+def record_command(record: dict) -> str:
+    d = stack.STACK_RECORD.rsplit("/", 1)[0]
+    return (f"umask 077; mkdir -p {d} && printf '%s\\n' {shlex.quote(json.dumps(record, sort_keys=True))}"
+            f" > {stack.STACK_RECORD}.new && mv -f {stack.STACK_RECORD}.new {stack.STACK_RECORD}")
+
+
+def source_commands(t: stack.StackSettings, os: str, deb_arch: str) -> list[str]:
+    """What makes apt offer the target: NVIDIA's exact-version pin, or ROCm's release repository."""
+    if t.vendor == "nvidia":
+        path, content = stack.NVIDIA_PREFERENCES, stack.nvidia_preferences(t)
+    else:
+        path, content = stack.ROCM_SOURCES, stack.rocm_sources(t, os, deb_arch)
+    return [f"printf '%s' {shlex.quote(content)} > {path}.new && chmod 644 {path}.new && mv -f {path}.new {path}",
+            "DEBIAN_FRONTEND=noninteractive apt-get update -q"]
+
+
+def move_stack(h, move: StackMove, s: HostSettings) -> None:
+    """Raises MoveFailed naming the host and the step when the move cannot finish."""
+    t = target_settings(s, move)
+    target = stack.target(t, move.os)
+    get = lambda cls, **kw: remote.fact(h, cls, **kw)   # noqa: E731 - a fresh read every time
+    t0 = time.monotonic()
+    logger.info(f"    [{h.name}] {move}: out of rotation")
+    for dep in move.deployments:
+        rotation.take_out(h, s, dep)
+    for dep in move.deployments:
+        rotation.wait_drained(h, s, dep)
+    for dep in move.deployments:
+        run(h, rollout.stop(dep), timeout=s.deployment(dep).shutdown_timeout_s + COMMAND_TIMEOUT_S)
+
+    run(h, f"mkdir -p -m 700 {stack.STACK_MOVING.rsplit('/', 1)[0]} && touch {stack.STACK_MOVING}")
+    deb_arch = run(h, "dpkg --print-architecture").strip()
+    for command in source_commands(t, move.os, deb_arch):
+        run(h, command, timeout=APT_TIMEOUT_S)
+    plan = gpu_ops._plan(target.specs, target.family, with_versions=True, get=get)
+    if plan.problems:   # nothing changed yet: serve again on the old stack, then halt
+        run(h, f"rm -f {stack.STACK_MOVING}")
+        _serve_again(h, move, s)
+        raise MoveFailed(f"{h.name}: GPU stack move to {target.label} refused before any change: "
+                         + "; ".join(plan.problems) + " (the host serves its old stack again)")
+    logger.info(f"    [{h.name}] installing {target.label}")
+    try:
+        if plan.unhold:
+            run(h, "apt-mark unhold " + " ".join(map(shlex.quote, plan.unhold)))
+        if plan.install:
+            run(h, f"{stack.APT_INSTALL} {' '.join(map(shlex.quote, plan.install))}", timeout=APT_TIMEOUT_S)
+    finally:   # whatever apt did, the set is held again, so `apt upgrade` cannot split it
+        after = gpu_ops._plan(target.specs, target.family, get=get)
+        if after.hold:
+            run(h, "apt-mark hold " + " ".join(map(shlex.quote, after.hold)))
+
+    installed, loaded = gpu_ops.module_state(t.vendor, target.module_package, get)
+    if stack.module_differs(loaded, installed):
+        if not t.reboot_allowed:
+            _stays_out(h, move, "reboot", stack.reboot_refused_message(h.name, "the driver", installed, loaded))
+        _reboot(h, t)
+    if t.vendor == "nvidia":
+        units = stack.nvidia_units(t)
+        run(h, f"systemctl enable --now {' '.join(u + '.service' for u in units)}", timeout=300)
+        problems = gpu_ops.nvidia_problems(t, get)
+    else:
+        problems = gpu_ops.amd_problems(t, get)
+    if problems:
+        _stays_out(h, move, "verify", "; ".join(problems))
+    findings = gpu_ops.admission_findings(t, get) if t.admission.enabled else []
+    if admission.failures(findings):
+        _stays_out(h, move, "admission", admission.failure_message(h.name, findings))
+    logger.info(f"    [{h.name}] verified: {t.gpu_count} GPUs as declared, {len(findings)} admission "
+                f"check(s) passed")
+    record = ({"current": stack.pins(t), "previous": stack.pins(t)} if move.rollback
+              else stack.record_after(read_record(h), stack.pins(t)))
+    run(h, record_command(record))
+
+    for dep in move.deployments:
+        run(h, rollout.start(dep))
+    for dep in move.deployments:
+        logger.info(f"    [{h.name}] {dep} started; readiness gate")
+        ok, why = gate(h, s, dep)
+        if not ok:
+            for d in move.deployments:
+                shell(h, rollout.stop(d), s.deployment(d).shutdown_timeout_s + COMMAND_TIMEOUT_S)
+            _stays_out(h, move, "gate", f"{dep}: {why}")
+    run(h, f"rm -f {stack.STACK_MOVING}")
+    for dep in move.deployments:
+        rotation.back_in(h, s, dep)
+    logger.info(f"    [{h.name}] serves again on {target.label} after {time.monotonic() - t0:.0f} s")
+
+
+def _serve_again(h, move: StackMove, s: HostSettings) -> None:
+    for dep in move.deployments:
+        run(h, rollout.start(dep))
+    for dep in move.deployments:
+        ok, _ = gate(h, s, dep)
+        if ok:
+            rotation.back_in(h, s, dep)
+
+
+def _stays_out(h, move: StackMove, step: str, why: str) -> None:
+    """The host keeps its engines stopped and its drain flags: it must not serve on a stack that
+    failed. A rerun, once the operator fixed the host, finishes the move."""
+    raise MoveFailed(f"{h.name}: GPU stack move to {move.to_stack} failed at {step}: {why}. The host "
+                     "stays out of rotation with its engines stopped; fix it and run the same "
+                     "command again to finish the rollout")
+
+
+def _reboot(h, t: stack.StackSettings) -> None:
+    """Reboot and wait until the host answers with a new boot id (pyinfra's server.reboot, for a
+    host this operation does not run on)."""
+    before = run(h, BOOT_ID).strip()
+    logger.info(f"    [{h.name}] rebooting to load the new driver")
+    shell(h, "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &", COMMAND_TIMEOUT_S)
+    time.sleep(max(t.reboot_delay, 1))
+    deadline = time.monotonic() + t.reboot_timeout
+    h.disconnect()
+    while True:
+        try:
+            with gevent.Timeout(30):
+                h.connect(show_errors=False)
+        except (gevent.Timeout, Exception):   # noqa: BLE001 - still down, or half up
+            pass
+        if h.connected:
+            try:
+                now = run(h, BOOT_ID, timeout=30).strip()
+            except MoveFailed:
+                now = before
+            if now != before:
+                logger.info(f"    [{h.name}] back after its reboot")
+                return
+            h.disconnect()
+        if time.monotonic() > deadline:
+            raise MoveFailed(f"{h.name}: GPU stack move failed at reboot: the host did not come back "
+                             f"within reboot_timeout = {t.reboot_timeout} s; it stays out of rotation")
+        time.sleep(1)

@@ -1,0 +1,214 @@
+"""The GPU-stack move of a rollout (gpuserve.layers.stack_move) and its pure parts
+(gpuserve.stack: pending_reason, record_after, rollback_pins).
+
+The move's commands are recorded from a stand-in connection, with the host's facts answered by
+the test; the same move runs on sandbox hosts in tests/integration/test_stack_rollout.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from gpuserve import admission, rollout, stack
+from gpuserve.layers import gpu_ops, rotation
+from gpuserve.layers import stack_move as layer
+from gpuserve.layers.remote import MoveFailed
+from gpuserve.rollout import Move, StackMove, batches, stack_moves_first
+
+from .helpers import make_inventory, settings_of
+
+OLD, NEW = "580.95.05", "580.105.08"
+
+
+# --- pure ----------------------------------------------------------------------------------------
+
+def test_pending_reason_names_packages_then_an_owed_reboot_then_nothing():
+    moving = stack.PackagePlan(["nvidia-open"], [f"nvidia-open={NEW}-1", "nvidia-driver-pinning-580"], [], [])
+    assert (stack.pending_reason(moving, f"{OLD}-1", OLD)
+            == f"packages change: nvidia-open={NEW}-1, nvidia-driver-pinning-580")
+    specs = [stack.PackageSpec("nvidia-open", NEW), stack.PackageSpec("nvidia-driver-pinning-580")]
+    assert (stack.pending_reason(moving, f"{OLD}-1", OLD, specs, {"nvidia-open": f"{OLD}-1"})
+            == f"packages change: nvidia-open {OLD} -> {NEW}")
+    done = stack.PackagePlan([], [], [], [])
+    assert "a reboot is owed" in stack.pending_reason(done, f"{NEW}-1", OLD)
+    assert stack.pending_reason(done, f"{NEW}-1", NEW) is None
+
+
+def test_the_record_keeps_the_stack_served_before_and_survives_a_rerun():
+    a, b = {"driver_version": OLD}, {"driver_version": NEW}
+    first = stack.record_after(None, a)
+    assert first == {"current": a}
+    bumped = stack.record_after(first, b)
+    assert bumped == {"current": b, "previous": a}
+    assert stack.record_after(bumped, b) == bumped       # a rerun keeps somewhere to roll back to
+    assert stack.rollback_pins(bumped, "h1") == a
+    with pytest.raises(ValueError, match="h1: no previous GPU stack is recorded"):
+        stack.rollback_pins(first, "h1")
+    assert stack.parse_record("not json") is None and stack.parse_record('{"current": {}}') == {"current": {}}
+
+
+def test_with_pins_moves_only_the_pins(tmp_path):
+    s = settings_of(make_inventory(host_data={"nvidia_driver_version": NEW}))
+    back = stack.with_pins(s.stack, {"driver_version": OLD})
+    assert back.driver_version == OLD and back.gpu_count == s.stack.gpu_count == 8
+    assert stack.describe(back).startswith(f"NVIDIA {OLD} (open")
+
+
+def test_a_hosts_stack_move_comes_before_its_release_moves_and_batches_keep_hosts_together():
+    sm = StackMove("h1", "NVIDIA x", "packages change", (), ("fast",))
+    rm = Move("h1", "fast", "r1", "r2", "r1")
+    assert stack_moves_first([rm, sm]) == [sm, rm]
+    plan = batches([rm, sm, Move("h2", "fast", "r1", "r2", "r1")], ["h1", "h2"], 1)
+    assert [[m.host for m in b] for b in plan] == [["h1", "h1"], ["h2"]]
+
+
+# --- the move, against a recording host ----------------------------------------------------------
+
+class Host:
+    """Answers run_shell_command like pyinfra's Host; records every command."""
+
+    def __init__(self):
+        self.name, self.data, self.ran, self.connected, self.boots = "h1", {}, [], True, iter(["b1", "b2"])
+        self.boot = "b1"
+
+    def run_shell_command(self, command, _sudo=False, _timeout=None):
+        text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
+        self.ran.append(text)
+        out = ""
+        if text == layer.BOOT_ID:
+            out = self.boot
+        elif text.startswith("( sleep 1 && reboot )"):
+            self.boot = "b2"
+        elif text == "dpkg --print-architecture":
+            out = "amd64"
+        return True, SimpleNamespace(stdout=out, stderr="", output=out, stdout_lines=out.splitlines())
+
+    def disconnect(self):
+        self.connected = False
+
+    def connect(self, show_errors=False):
+        self.connected = True
+
+
+@pytest.fixture
+def settings(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("k" * 32 + "\n")
+    keys.chmod(0o600)
+    return settings_of(make_inventory(host_data={
+        "proxy": True, "api_keys_file": str(keys), "drain_s": 0, "reboot": "allowed", "reboot_delay": 0,
+        "nvidia_driver_version": NEW}))
+
+
+@pytest.fixture
+def host_state(monkeypatch):
+    """The facts the move reads, as the test sets them: packages planned, module, GPUs, admission."""
+    st = SimpleNamespace(installed=False, loaded=OLD, verify=[], admission_ok=True, gates=[])
+
+    def plan(specs, family, with_versions=False, get=None):
+        if st.installed:
+            return stack.PackagePlan([], [], [], [])
+        return stack.PackagePlan(["nvidia-open"], [f"nvidia-open={NEW}-1"], [], [])
+
+    def module(vendor, package, get=None):
+        return (f"{NEW}-1" if st.installed else f"{OLD}-1"), st.loaded
+
+    def findings(settings, get=None):
+        ok = "0" if st.admission_ok else "3"
+        return [admission.Finding("ecc_uncorrectable", "0000:18:00.0", ok, "0", st.admission_ok)]
+
+    monkeypatch.setattr(gpu_ops, "_plan", plan)
+    monkeypatch.setattr(gpu_ops, "module_state", module)
+    monkeypatch.setattr(gpu_ops, "nvidia_problems", lambda s, get=None: list(st.verify))
+    monkeypatch.setattr(gpu_ops, "admission_findings", findings)
+    monkeypatch.setattr(layer, "gate", lambda h, s, dep: (st.gates.append(dep) or True, "ok"))
+    monkeypatch.setattr(rotation, "DRAIN_POLL_S", 0)
+    monkeypatch.setattr(layer.time, "sleep", lambda s: None)
+    return st
+
+
+def _apt_install(h, st):
+    """What the stand-in host does when the move installs: the packages are there afterwards."""
+    orig = h.run_shell_command
+
+    def run(command, _sudo=False, _timeout=None):
+        text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
+        if text.startswith(stack.APT_INSTALL):
+            st.installed = True
+        elif text.startswith("( sleep 1 && reboot )"):
+            st.loaded = NEW
+        return orig(command, _sudo, _timeout)
+    h.run_shell_command = run
+
+
+def _steps(h) -> list[str]:
+    names = {rollout.out_of_rotation("minimax"): "out", rollout.stop("minimax"): "stop",
+             rollout.into_rotation("minimax"): "in", layer.BOOT_ID: None}
+    out = []
+    for c in h.ran:
+        if c in names:
+            if names[c]:
+                out.append(names[c])
+        elif c.startswith(stack.APT_INSTALL):
+            out.append("install")
+        elif c.startswith("apt-mark unhold"):
+            out.append("unhold")
+        elif c.startswith("( sleep 1 && reboot )"):
+            out.append("reboot")
+        elif c.startswith("systemctl enable --now"):
+            out.append("units")
+        elif c.startswith(rollout.start("minimax")):
+            out.append("start")
+        elif c.startswith("umask 077; mkdir -p") and "record.json" in c:
+            out.append("record")
+    return out
+
+
+def _move(s) -> StackMove:
+    return StackMove("h1", stack.describe(s.stack), "packages change", tuple(sorted(stack.pins(s.stack).items())),
+                     ("minimax",))
+
+
+def test_the_move_drains_before_it_changes_reboots_once_and_admits_before_it_serves(settings, host_state):
+    h = Host()
+    _apt_install(h, host_state)
+    layer.move_stack(h, _move(settings), settings)
+    assert _steps(h) == ["out", "stop", "unhold", "install", "reboot", "units", "record", "start", "in"]
+    assert host_state.gates == ["minimax"]
+    assert f"rm -f {stack.STACK_MOVING}" in h.ran
+
+
+def test_no_reboot_when_the_loaded_module_is_already_the_installed_one(settings, host_state):
+    h = Host()
+    host_state.loaded = NEW
+    _apt_install(h, host_state)
+    layer.move_stack(h, _move(settings), settings)
+    assert "reboot" not in _steps(h)
+
+
+@pytest.mark.parametrize("fault", ["verify", "admission"])
+def test_a_host_that_fails_after_its_change_stays_out_with_its_engine_stopped(settings, host_state, fault):
+    h = Host()
+    _apt_install(h, host_state)
+    if fault == "verify":
+        host_state.verify = ["GPU 0000:18:00.0 is missing"]
+    else:
+        host_state.admission_ok = False
+    with pytest.raises(MoveFailed, match=f"(?s)h1: GPU stack move to .* failed at {fault}: .*stays out of rotation"):
+        layer.move_stack(h, _move(settings), settings)
+    steps = _steps(h)
+    assert steps[:5] == ["out", "stop", "unhold", "install", "reboot"]
+    assert "start" not in steps and "in" not in steps and "record" not in steps
+    assert f"rm -f {stack.STACK_MOVING}" not in h.ran     # the next plan resumes the move
+
+
+def test_a_refused_reboot_leaves_the_host_out(settings, host_state, tmp_path):
+    s = settings_of(make_inventory(host_data={
+        "proxy": True, "api_keys_file": settings.deployments[0].api_keys_file, "drain_s": 0,
+        "reboot": "never", "nvidia_driver_version": NEW}))
+    h = Host()
+    _apt_install(h, host_state)
+    with pytest.raises(MoveFailed, match="failed at reboot: .*may not be rebooted"):
+        layer.move_stack(h, _move(s), s)
+    assert "reboot" not in _steps(h) and "start" not in _steps(h)
