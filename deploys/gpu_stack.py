@@ -2,16 +2,20 @@
 
     pyinfra inventories/prod.py deploys/gpu_stack.py --limit gpu-h200-01.prod.example
 
-For driver changes host by host (a driver change needs a reboot, which stops the engine on that
-host): take the host out of your load balancer first, or let deploys/serve.py restart it after.
+This runs the whole layer at once, engines or not: a driver change stops them and may reboot the
+host. On a serving fleet, change the driver pin in group data and run deploys/upgrade.py instead:
+it moves the stack host by host, out of rotation first (docs/gpu-stack.md, "Rolling stack
+changes"). Use this for hosts you took out of service yourself.
+A host that rebooted starts its engines and passes their readiness gate before the run ends.
 Idempotent: a second run changes nothing. docs/gpu-stack.md.
 """
 
 from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.gpu_stack import gpu_stack
+from gpuserve.layers.service import gate_after_reboot
 
 settings = host_settings()
 
 base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-gpu_stack()
+gate_after_reboot(settings, gpu_stack())

@@ -29,24 +29,24 @@ DOWNLOADS = "/var/cache/gpuserve"
 
 
 @deploy("GPU stack")
-def gpu_stack(disruptive: bool = True) -> None:
+def gpu_stack(disruptive: bool = True):
     """Install, pin, hold, load and verify the GPU stack the host's group data declares.
 
     Nothing happens on hosts without a declared gpu_model (cpu hosts) or with gpu_stack: False
     (hosts whose drivers are managed elsewhere). ``disruptive=False`` (a host that serves, with
     a stack change pending) writes only what changes nothing under a running engine: the
     repositories, keyring and the apt pin; the change itself is a move of deploys/upgrade.py.
+    Returns the reboot operation (its ``did_change`` says whether the host rebooted), or None.
     """
     settings = host_settings().stack
     if not settings.enabled or settings.vendor is None:
-        return
+        return None
     try:
         os = host_os()
         arch = host.get_fact(DebArch)
         if settings.vendor == "nvidia":
-            _nvidia(settings, os, arch, disruptive)
-        else:
-            _amd(settings, os, arch, disruptive)
+            return _nvidia(settings, os, arch, disruptive)
+        return _amd(settings, os, arch, disruptive)
     except stack.StackError as exc:   # the host itself (OS, architecture) does not fit
         raise stack.StackError(f"{host.name}: {exc}") from None
 
@@ -116,7 +116,7 @@ def _held_set(label: str, specs: list[stack.PackageSpec], family: tuple[str, ...
     gpu_ops.hold_set(name=f"Hold the {label}", specs=specs, family=family)
 
 
-def _nvidia(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool) -> None:
+def _nvidia(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool):
     arch = stack.cuda_arch(deb_arch)
     blacklist = files.put(name="Blacklist nouveau", src=StringIO(stack.NOUVEAU_BLACKLIST_TEXT),
                           dest=stack.NOUVEAU_BLACKLIST, mode="644")
@@ -134,10 +134,10 @@ def _nvidia(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool) ->
               src=StringIO(stack.nvidia_preferences(s)), dest=stack.NVIDIA_PREFERENCES, mode="644")
     apt.packages(name="Python for the CUDA check", packages=["python3"])
     if not disruptive:
-        return
+        return None
     _held_set(f"NVIDIA stack ({s.driver_version}, {s.flavour})", stack.nvidia_packages(s, os),
               stack.nvidia_family(os))
-    gpu_ops.reboot_for_driver(name="Reboot to load the NVIDIA driver", vendor="nvidia",
+    rebooted = gpu_ops.reboot_for_driver(name="Reboot to load the NVIDIA driver", vendor="nvidia",
                               package=stack.nvidia_kernel_module_package(s, os),
                               allowed=s.reboot_allowed, delay=s.reboot_delay, timeout=s.reboot_timeout)
     for unit in stack.nvidia_units(s):
@@ -145,9 +145,10 @@ def _nvidia(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool) ->
     gpu_ops.verify_nvidia(name="Verify GPUs, NVSwitches, services and CUDA", settings=s)
     gpu_ops.admission(name="Admission checks (ECC, retired pages, row remap, PCIe, NVLink, XID)", settings=s)
     _record(s)
+    return rebooted
 
 
-def _amd(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool) -> None:
+def _amd(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool):
     files.directory(name="apt keyrings", path="/etc/apt/keyrings", mode="755")
     files.download(name="Download the ROCm repository key", src=stack.rocm_key_url(s),
                    dest=stack.ROCM_KEY, mode="644")
@@ -156,14 +157,15 @@ def _amd(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool) -> No
     files.put(name="Prefer ROCm packages from AMD's repository", src=StringIO(stack.ROCM_PREFERENCES_TEXT),
               dest=stack.ROCM_PREFERENCES, mode="644")
     if not disruptive:
-        return
+        return None
     _held_set(f"ROCm {s.rocm_version} stack", stack.amd_packages(s))
     for group in stack.GPU_GROUPS:
         server.group(name=f"Group {group}", group=group, system=True)
     server.user(name="Service user may use the GPUs (render, video)", user=layout.SERVICE_USER,
                 groups=list(stack.GPU_GROUPS), append=True)
-    gpu_ops.reboot_for_driver(name="Reboot to load the amdgpu driver", vendor="amd", package="amdgpu-dkms",
+    rebooted = gpu_ops.reboot_for_driver(name="Reboot to load the amdgpu driver", vendor="amd", package="amdgpu-dkms",
                               allowed=s.reboot_allowed, delay=s.reboot_delay, timeout=s.reboot_timeout)
     gpu_ops.verify_amd(name="Verify GPUs and ROCm", settings=s)
     gpu_ops.admission(name="Admission checks (ECC, PCIe)", settings=s)
     _record(s)
+    return rebooted

@@ -143,6 +143,25 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
     return after.current, after.previous
 
 
+@deploy("Readiness after a reboot")
+def gate_after_reboot(settings: HostSettings, rebooted) -> None:
+    """After an operation that may reboot the host (``rebooted``, e.g. the GPU stack's): every
+    deployment with a release started and gated, so the run ends only once the host serves again
+    or fails naming it. Nothing runs when the host did not reboot."""
+    if rebooted is None:
+        return
+    for dep in settings.deployments:
+        state = host.get_fact(Deployment, deployment=dep.name,
+                              health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+        if state.current is None:
+            continue
+        serve = recipes.render(settings, dep)
+        server.shell(name=f"{dep.name}: started and gated after the reboot",
+                     commands=[rollout.start(dep.name),
+                               gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)],
+                     _if=rebooted.did_change)
+
+
 def _retention(settings: HostSettings, releases: dict[str, RenderedRelease],
                pointers: dict[str, tuple[str | None, str | None]]) -> None:
     """Keep current, previous and keep_releases - 1 more per deployment (and the release this run

@@ -24,6 +24,7 @@ from gpuserve import layout, stack
 from gpuserve.rollout import drain_flag
 from gpuserve_sandbox import fleet as view
 from gpuserve_sandbox.loadloop import LoadLoop
+from gpuserve_sandbox.runner import run_pyinfra
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +37,9 @@ HELD = ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-persistenced", "nvidia
 
 
 @pytest.fixture(scope="module")
-def fleet(make_hosts, sandbox, sandbox_hub, pyinfra, tmp_path_factory):
+def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
     hosts = make_hosts(["hopper_x8"] * 4)
-    pyinfra(INV, SERVE).check()
+    run_pyinfra(INV, SERVE, instance=sandbox.instance).check()
     return {"hosts": hosts, "certs": tmp_path_factory.mktemp("certs"), "key": view.client_key(sandbox)}
 
 
