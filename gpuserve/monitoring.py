@@ -368,12 +368,10 @@ def plan_targets(hosts: Mapping[str, object], addresses: Mapping[str, str]) -> P
     skipped: list[str] = []
     for name, s in hosts.items():
         address = address_of(name, addresses.get(name, ""))
-        cert = bool(getattr(s, "proxy_tls_cert_file", None))
-        has_node_key = any(d.operator_keys_file for d in s.deployments)
-        nodes.append(NodeTarget(name, address, f"{SCRAPE_CA_DIR}/{name}.crt" if cert else None,
-                                dcgm=bool(s.serves and s.stack.vendor == "nvidia" and s.stack.dcgm),
-                                operator_key_file=(f"{SCRAPE_SECRETS_DIR}/{name}-node.key"
-                                                   if has_node_key else None)))
+        cert = bool(s.proxy and s.proxy_tls_cert_file)
+        # the exporters' front has a self-signed certificate and lets in addresses, not keys
+        nodes.append(NodeTarget(name, address,
+                                dcgm=bool(s.serves and s.stack.vendor == "nvidia" and s.stack.dcgm)))
         if not s.serves:
             continue
         for d in s.deployments:

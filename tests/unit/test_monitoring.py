@@ -72,6 +72,7 @@ def test_the_scrape_plan_follows_the_inventory(tmp_path):
     assert (cpu.scheme, cpu.address, cpu.port) == ("http", "cpu-1", 8000)   # trusted network
     assert [n.host for n in plan.nodes] == ["gpu-1", "cpu-1", "mon-1"]
     assert [n.dcgm for n in plan.nodes] == [True, False, False]   # NVIDIA host with dcgm
+    assert all(n.operator_key_file is None and n.ca_file is None for n in plan.nodes)
 
 
 def test_an_engine_on_loopback_without_proxy_is_not_scraped_and_says_why():
