@@ -157,3 +157,31 @@ def test_bad_watchdog_settings_are_refused(bad):
     from .helpers import problems_of
     found = problems_of(make_inventory(group_data=bad))
     assert any(next(iter(bad)) in p for p in found)
+
+
+def test_a_hanging_probe_fails_after_its_timeout_without_blocking_the_loop():
+    """A server that accepts and never answers: poll() reports the failure once the probe
+    overran, returns at once meanwhile, and a late result of the abandoned probe is dropped."""
+    import socket
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    port = server.getsockname()[1]
+    try:
+        prober = wd.Prober()
+        prober.start(f"http://127.0.0.1:{port}/v1/completions", 1.0, None, "m")
+        t0 = time.monotonic()
+        assert prober.poll(1.0) == (None, False)
+        assert time.monotonic() - t0 < 0.5           # poll never waits for the probe
+        deadline = time.monotonic() + 10
+        seen = (None, False)
+        while time.monotonic() < deadline and seen == (None, False):
+            time.sleep(0.2)
+            seen = prober.poll(1.0)
+        assert seen[1] is True and seen[0] >= 1.0
+        time.sleep(1.5)                              # the abandoned thread ends by now
+        assert prober.poll(1.0) == (None, False)     # its late result does not count twice
+    finally:
+        server.close()
