@@ -262,3 +262,14 @@ def test_promtool_sglang_names_drive_the_same_rules(tmp_path):
     (tmp_path / "test.yml").write_text(json.dumps(tests))
     result = promtool("test", "rules", "test.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_plan_shows_a_monitor_host_as_serving_nothing(tmp_path):
+    from gpuserve.plan import render_plan
+
+    settings = validate_inventory(fleet_inventory(tmp_path))
+    text = render_plan(settings, "text")
+    assert "mon-1\n  groups:   monitor, fleet\n  monitor:  Prometheus and alertmanager" in text
+    assert "gpu-1" in text and "cpu-1" in text
+    entries = json.loads(render_plan(settings, "json"))
+    assert {"host": "mon-1", "groups": ["monitor", "fleet"], "serves": False} in entries
