@@ -78,6 +78,21 @@ def test_a_probe_timeout_restarts():
     assert action == "restart" and "within 30 s" in why
 
 
+def test_a_slow_probe_on_a_busy_engine_that_generates_is_not_a_hang():
+    state = wd.State()
+    run(state, [obs(t, active=40, tokens=100 + 10 * t) for t in range(0, 40, 5)])
+    action, why = wd.decide(S, state, obs(40, active=40, tokens=500, probe_failed=True))
+    assert action == "none" and "busy, not hung" in why
+
+
+def test_a_probe_timeout_on_an_idle_engine_with_no_tokens_restarts():
+    """The API server hangs before the scheduler: nothing runs, nothing is generated."""
+    state = wd.State()
+    run(state, [obs(t, active=0, tokens=100) for t in range(0, 40, 5)])
+    action, _ = wd.decide(S, state, obs(40, active=0, tokens=100, probe_failed=True))
+    assert action == "restart"
+
+
 def test_after_max_restarts_in_the_window_it_gives_up_and_stays_quiet():
     state = wd.State()
     t, actions = 0, []
