@@ -12,7 +12,7 @@ hosts max_unavailable at a time. Idempotent: a second run reports no changes.
 from pyinfra import host, logger
 
 from gpuserve.layers.base import base_layout
-from gpuserve.layers.context import host_settings
+from gpuserve.layers.context import all_settings, host_settings
 from gpuserve.layers.engine import engine
 from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
 from gpuserve.layers.proxy import proxy
@@ -22,13 +22,23 @@ from gpuserve.service import desired_releases
 
 settings = host_settings()
 
-base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-pending = stack_move(settings) if serving(settings) else None
-if pending:
-    logger.warning(f"    [{host.name}] serves now: its GPU stack change ({pending.reason}) waits for "
-                   "deploys/upgrade.py, which moves it out of rotation first; nothing changes here")
-gpu_stack(disruptive=pending is None)
-spec = engine(settings)
-weights(settings)
-service(settings, desired_releases(settings, spec))
-proxy(settings)
+if settings.serves:   # a monitor-only host (group monitor, no hardware group) serves nothing
+    base_layout(settings.nvme_path, [d.name for d in settings.deployments])
+    pending = stack_move(settings) if serving(settings) else None
+    if pending:
+        logger.warning(f"    [{host.name}] serves now: its GPU stack change ({pending.reason}) waits for "
+                       "deploys/upgrade.py, which moves it out of rotation first; nothing changes here")
+    gpu_stack(disruptive=pending is None)
+    spec = engine(settings)
+    weights(settings)
+    service(settings, desired_releases(settings, spec))
+    proxy(settings)
+
+# --- monitoring (docs/monitoring.md): only when the inventory has hosts in group monitor ---
+from gpuserve.layers.monitoring import monitor, monitor_hosts, node_exporter  # noqa: E402
+from gpuserve.layers.watchdog import watchdog  # noqa: E402
+
+if monitor_hosts(all_settings()):
+    node_exporter(settings, all_settings())
+    watchdog(settings)
+    monitor(settings, all_settings())

@@ -2,7 +2,8 @@
 # Set up a Debian 12 machine for gpuserve development, tests and the sandbox. Run as root.
 # Idempotent and quick when everything is there: installs only what is missing.
 #   Debian packages: the sandbox's tools (debootstrap, systemd-nspawn, apt-cacher-ng, lxcfs, ...)
-#                    and what builds its stand-in GPU repositories (gcc, dpkg-dev, gnupg)
+#                    and what builds its stand-in GPU repositories (gcc, dpkg-dev, gnupg),
+#                    promtool (Debian's prometheus package: the unit tests check the alert rules)
 #   .venv/:          gpuserve itself (editable) with its test dependencies, pinned in pyproject.toml
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,7 @@ PACKAGES=(
   debootstrap systemd-container iproute2 openssh-client util-linux apt-cacher-ng lxcfs
   python3 python3-venv python3-pip ca-certificates curl rsync
   gnupg gcc libc6-dev dpkg-dev
+  prometheus
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

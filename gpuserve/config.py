@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpuserve import engine_pins, layout, proxy_conf, recipes, rollout, stack
+from gpuserve import engine_pins, layout, monitoring, proxy_conf, recipes, rollout, stack
 from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
@@ -115,6 +115,30 @@ DEPLOYMENT_DEFAULTS: dict[str, Any] = {
     "ready_timeout_s": 3600,  # a 428B model takes long to load: the start and gate bound
     "proxy_port": 8443,  # the TLS port of this deployment's proxy (when proxy is on)
 }
+# --- monitoring, hang watchdog, canary (gpuserve.monitoring, gpuserve.canary; docs/monitoring.md) ---
+# A host in group ``monitor`` and in no hardware group runs Prometheus and serves nothing
+# (HostSettings.serves False): no engine, model or deployment key is demanded of it.
+MONITOR_DEFAULTS: dict[str, Any] = {
+    "monitor_retention": "15d",  # Prometheus --storage.tsdb.retention.time
+    "monitor_storage_path": "/var/lib/prometheus/metrics2",  # its TSDB (Debian's default)
+    "monitor_scrape_interval_s": 15,
+    "slo_ttft_p95_s": 2.0,  # time to first token p95 above it (10 min): alert
+    "slo_e2e_p95_s": 60.0,  # request latency p95 above it (10 min): alert
+    "slo_error_ratio": 0.01,  # share of 5xx responses above it (5 min): alert
+    "alert_nvme_free_gib": 100,  # free GiB under nvme_path below it: alert
+    "watchdog": True,  # False: the watchdog only reports (metrics), never restarts
+    "watchdog_stall_s": 60,  # requests running/waiting and no token this long: restart
+    "watchdog_probe_timeout_s": 30,  # a 1-token completion slower than this: restart
+    "watchdog_max_restarts": 3,  # restarts within watchdog_window_s, then it gives up
+    "watchdog_window_s": 3600,
+    "canary_hosts": 1,  # hosts in a rollout's first batch (the canary)
+    "canary_bake_s": 300,  # how long the canary bakes before the rest moves; 0: no bake
+    "canary_error_ratio_max": 0.01,  # the canary's 5xx ratio may not exceed it
+    "canary_ttft_p95_ratio_max": 1.5,  # canary TTFT p95 / rest's may not exceed it
+    "canary_e2e_p95_ratio_max": 1.5,  # canary e2e p95 / rest's may not exceed it
+}
+HOST_DEFAULTS.update(MONITOR_DEFAULTS)
+# --- end of monitoring keys ---
 # The GPU stack layer's keys are validated by gpuserve.stack (docs/gpu-stack.md)
 KEYS = set(HOST_DEFAULTS) | set(DEPLOYMENT_DEFAULTS) | set(stack.DEFAULTS)
 
@@ -240,6 +264,9 @@ class HostSettings:
     trusted_network: bool = False
     drain_timeout_s: int = 120  # a move waits this long at most for in-flight requests
     rollback_stack: bool = False  # deploys/rollback.py moves the GPU stack back, not the release
+    # monitoring (gpuserve.monitoring): a monitor-only host serves nothing
+    monitor: monitoring.MonitorSettings = monitoring.MonitorSettings()
+    serves: bool = True
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -853,10 +880,98 @@ def _hardware_groups(c: _Checker) -> None:
                   f"groups {', '.join(hardware)}")
 
 
+# --- monitoring, hang watchdog, canary ----------------------------------------------------------
+
+def is_monitor_only(groups: Iterable[str]) -> bool:
+    """In group ``monitor`` and in no hardware group: the host runs Prometheus, serves nothing."""
+    groups = tuple(groups)
+    return monitoring.MONITOR_GROUP in groups and not any(g in recipes.RECIPES for g in groups)
+
+
+MONITOR_NUMBERS = {  # key -> (minimum, maximum, integer only)
+    "monitor_scrape_interval_s": (1, 600, True),
+    "slo_ttft_p95_s": (0.001, 3600, False),
+    "slo_e2e_p95_s": (0.001, 86400, False),
+    "slo_error_ratio": (0, 1, False),
+    "alert_nvme_free_gib": (0, 1024 * 1024, False),
+    "watchdog_stall_s": (10, 86400, True),
+    "watchdog_probe_timeout_s": (1, 3600, True),
+    "watchdog_max_restarts": (0, 100, True),
+    "watchdog_window_s": (60, 7 * 86400, True),
+    "canary_hosts": (1, 1000, True),
+    "canary_bake_s": (0, 86400, True),
+    "canary_error_ratio_max": (0, 1, False),
+    "canary_ttft_p95_ratio_max": (1, 100, False),
+    "canary_e2e_p95_ratio_max": (1, 100, False),
+}
+RETENTION = re.compile(r"[1-9][0-9]*(ms|s|m|h|d|w|y)")
+
+
+def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
+    before = len(c.problems)
+    values: dict[str, Any] = {}
+    for key, (lo, hi, whole) in MONITOR_NUMBERS.items():
+        value = c.get(key)
+        kinds = (int,) if whole else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not lo <= value <= hi:
+            kind = "an integer" if whole else "a number"
+            c.problem(key, f"{value!r} is not allowed; use {kind} from {lo} to {hi}")
+        values[key] = value
+    retention = c.get("monitor_retention")
+    if not (isinstance(retention, str) and RETENTION.fullmatch(retention)):
+        c.problem("monitor_retention", f"{retention!r} is not allowed; use a Prometheus duration "
+                  "like '15d', '12h' or '2w'")
+    storage = c.get("monitor_storage_path")
+    why = host_path_problem(storage)
+    if why:
+        c.problem("monitor_storage_path", why)
+    watchdog = c.get("watchdog")
+    if not isinstance(watchdog, bool):
+        c.problem("watchdog", f"{watchdog!r} is not allowed; use True or False")
+    if len(c.problems) > before:
+        return None
+    return monitoring.MonitorSettings(
+        retention=retention, storage_path=storage,
+        scrape_interval_s=values["monitor_scrape_interval_s"],
+        slo_ttft_p95_s=values["slo_ttft_p95_s"], slo_e2e_p95_s=values["slo_e2e_p95_s"],
+        slo_error_ratio=values["slo_error_ratio"], alert_nvme_free_gib=values["alert_nvme_free_gib"],
+        watchdog=watchdog, watchdog_stall_s=values["watchdog_stall_s"],
+        watchdog_probe_timeout_s=values["watchdog_probe_timeout_s"],
+        watchdog_max_restarts=values["watchdog_max_restarts"],
+        watchdog_window_s=values["watchdog_window_s"], canary_hosts=values["canary_hosts"],
+        canary_bake_s=values["canary_bake_s"],
+        canary_error_ratio_max=values["canary_error_ratio_max"],
+        canary_ttft_p95_ratio_max=values["canary_ttft_p95_ratio_max"],
+        canary_e2e_p95_ratio_max=values["canary_e2e_p95_ratio_max"],
+    )
+
+
+def _check_monitor_only(host: Host, deploying: bool) -> tuple[HostSettings | None, list[Problem]]:
+    """A monitor host that serves nothing: the host-level keys and the monitoring keys only."""
+    c = _Checker(host, deploying)
+    _unknown_keys(c)
+    level = _host_level(c)
+    mon = _monitor(c)
+    gpu_stack = _gpu_stack(c)
+    if c.problems or mon is None or gpu_stack is None:
+        return None, list(c.problems)
+    return HostSettings(
+        host=host.name, groups=tuple(host.groups), hardware=HardwareProfile("cpu", 0, False),
+        recipe="", recipe_explicit=False, model_repo="", model_revision=None, model_source="",
+        hf_endpoint=None, model_local_path=None, engine="", engine_version="", engine_package="",
+        python_version="", torch_backend="", deployments=(), stack=gpu_stack,
+        sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings), monitor=mon,
+        serves=False, **level,
+    ), []
+# --- end of monitoring ---
+
+
 def check_host(host: Host, *, require_revision: bool = True,
                deploying: bool = False) -> tuple[HostSettings | None, list[Problem]]:
     """Settings for one pyinfra host, and every problem found (settings None when any).
     ``deploying``: a pyinfra run, where files only a deploy reads must exist already."""
+    if is_monitor_only(host.groups):
+        return _check_monitor_only(host, deploying)
     c = _Checker(host, deploying)
     _unknown_keys(c)
     _hardware_groups(c)
@@ -870,6 +985,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     proxy_bind = level["proxy_bind"] if level["proxy"] is True else None
     deployments = _deployments(c, model["model_repo"], proxy_bind)
     gpu_stack = _gpu_stack(c)
+    mon = _monitor(c)
     if level.get("proxy") is True:
         for dep in deployments or ():
             if dep.api_keys_file is None:
@@ -888,6 +1004,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     problems = list(c.problems)
     renderable = (
         hw is not None and recipe is not None and deployments is not None and gpu_stack is not None
+        and mon is not None
         and None not in (model["model_repo"], model["model_source"], engine["engine"],
                          engine["engine_package"], engine["engine_version"],
                          engine["torch_backend"])
@@ -896,7 +1013,7 @@ def check_host(host: Host, *, require_revision: bool = True,
         settings = HostSettings(
             host=host.name, groups=tuple(host.groups), hardware=hw, recipe=recipe,
             recipe_explicit=explicit, deployments=deployments, stack=gpu_stack,
-            sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings),
+            sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings), monitor=mon,
             **model, **engine, **level, **build, **weights,
         )
         problems += recipes.check(settings)

@@ -146,10 +146,15 @@ def errors_json(error: ConfigError) -> str:
 
 
 def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = False) -> str:
-    rendered = {name: recipes.render_host(s) for name, s in settings.items()}
+    rendered = {name: recipes.render_host(s) for name, s in settings.items() if s.serves}
+    # monitor-only hosts (group monitor, no hardware group) serve nothing (docs/monitoring.md)
+    monitors = [s for s in settings.values() if not s.serves]
     if fmt == "json":
-        return json.dumps([_json(settings[n], c, profile) for n, c in rendered.items()], indent=2)
-    chunks = []
+        return json.dumps([_json(settings[n], c, profile) for n, c in rendered.items()]
+                          + [{"host": m.host, "groups": list(m.groups), "serves": False}
+                             for m in monitors], indent=2)
+    chunks = [f"{m.host}\n  groups:   {', '.join(m.groups)}\n  monitor:  Prometheus and "
+              "alertmanager; serves nothing" for m in monitors] if fmt == "text" else []
     for name, configs in rendered.items():
         s = settings[name]
         if fmt == "text":

@@ -1,0 +1,223 @@
+"""Monitoring layer: node-exporter on every host, Prometheus and alertmanager on monitor hosts.
+
+All from Debian 12's packages. Nothing listens beyond loopback except nginx's TLS front of the
+exporters (NODE_EXPORTER_TLS_PORT), which lets in only the operator networks and the monitor
+hosts' addresses (nginx ``allow``/``deny``): node-exporter on 127.0.0.1:9100, under ``/metrics``,
+and NVIDIA's DCGM exporter (:9400) under ``/dcgm/metrics`` on NVIDIA hosts with ``dcgm``.
+Prometheus (127.0.0.1:9090) and alertmanager (127.0.0.1:9093, no cluster port) stay on the
+monitor's loopback: reach them over SSH (docs/monitoring.md). The configuration comes from
+gpuserve.monitoring; operator keys prometheus scrapes the engines with are secret files
+(gpuserve.layers.secrets_ops), never in prometheus.yml.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.context import ctx_state
+from pyinfra.facts.files import File
+from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from gpuserve import api_keys, monitoring
+from gpuserve.config import HostSettings
+from gpuserve.layers import secrets_ops
+
+EXPORTERS_DIR = "/etc/nginx/gpuserve-exporters"   # root 0700: its TLS key
+EXPORTERS_CONF = "/etc/nginx/conf.d/gpuserve--exporters.conf"   # no deployment has this name
+NO_RECOMMENDS = "--no-install-recommends"
+
+
+def address_of(name: str) -> str:
+    """Where other hosts reach ``name``: its ssh_hostname, else its inventory name."""
+    inventory = ctx_state.get().inventory
+    other = inventory.get_host(name)
+    return str(other.data.get("ssh_hostname") or name) if other is not None else name
+
+
+def monitor_hosts(all_settings: dict[str, HostSettings]) -> list[str]:
+    return [name for name, s in all_settings.items() if monitoring.MONITOR_GROUP in s.groups]
+
+
+def _networks(settings: HostSettings, monitors: list[str]) -> list[str]:
+    """Who may scrape the exporters: the operator networks and each monitor's address."""
+    nets = list(settings.proxy_operator_networks)
+    for name in monitors:
+        address = address_of(name)
+        try:
+            nets.append(str(ipaddress.ip_network(address)))
+        except ValueError:   # a DNS name: nginx's allow takes addresses only
+            raise OperationError(f"{host.name}: monitor host {name} is reached as {address!r}; "
+                                 "the exporters' front allows addresses only: give it an "
+                                 "ssh_hostname that is an IP address, or add its network to "
+                                 "proxy_operator_networks") from None
+    return list(dict.fromkeys(nets))
+
+
+def exporters_conf(networks: list[str], dcgm: bool, tls_include: str) -> str:
+    allow = "".join(f"    allow {net};\n" for net in networks)
+    dcgm_block = (
+        "    location = /dcgm/metrics {\n"
+        f"        proxy_pass http://127.0.0.1:{monitoring.DCGM_EXPORTER_PORT}/metrics;\n"
+        "    }\n") if dcgm else ""
+    return (
+        "# Managed by gpuserve (pyinfra): the exporters' TLS front, for the monitor hosts and the\n"
+        "# operator networks only (gpuserve/layers/monitoring.py)\n"
+        "server {\n"
+        f"    listen {monitoring.NODE_EXPORTER_TLS_PORT} ssl;\n"
+        f"    listen [::]:{monitoring.NODE_EXPORTER_TLS_PORT} ssl;\n"
+        f"    include {tls_include};\n"
+        f"{allow}"
+        "    deny all;\n"
+        "    access_log off;\n"
+        "    location = /metrics {\n"
+        f"        proxy_pass http://127.0.0.1:{monitoring.NODE_EXPORTER_PORT}/metrics;\n"
+        "    }\n"
+        f"{dcgm_block}"
+        "    location / {\n"
+        "        return 404;\n"
+        "    }\n"
+        "}\n")
+
+
+def _exporters_tls() -> tuple[str, list]:
+    """A self-signed pair of the exporters' front (the monitor does not verify it, it only
+    encrypts: docs/monitoring.md), made on the host once; the TLS settings file including it."""
+    crt, key = f"{EXPORTERS_DIR}/tls.crt", f"{EXPORTERS_DIR}/tls.key"
+    ops = [files.directory(name="Exporters' TLS directory (0700)", path=EXPORTERS_DIR,
+                           user="root", group="root", mode="700")]
+    if host.get_fact(File, path=key) is None:
+        ops.append(server.shell(
+            name="Exporters' self-signed TLS certificate",
+            commands=[f"umask 077; openssl req -x509 -newkey rsa:2048 -nodes -days 825 "
+                      f"-subj '/CN={host.name}' -keyout {key} -out {crt} 2>/dev/null"]))
+    include = f"{EXPORTERS_DIR}/tls.conf"
+    ops.append(files.put(
+        name="Exporters' TLS settings", dest=include, user="root", group="root", mode="600",
+        src=StringIO(f"# Managed by gpuserve (pyinfra)\nssl_certificate {crt};\n"
+                     f"ssl_certificate_key {key};\nssl_protocols TLSv1.2 TLSv1.3;\n")))
+    return include, ops
+
+
+@deploy("Node exporter")
+def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings]) -> None:
+    """prometheus-node-exporter on 127.0.0.1:9100 with the textfile directory the watchdog writes,
+    behind nginx's TLS front on NODE_EXPORTER_TLS_PORT."""
+    monitors = monitor_hosts(all_settings)
+    if not monitors:
+        return
+    apt.packages(name="prometheus-node-exporter, nginx, openssl",
+                 packages=["prometheus-node-exporter", "nginx", "openssl"],
+                 extra_install_args=NO_RECOMMENDS)
+    files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default", present=False)
+    defaults = files.put(
+        name="node-exporter on loopback only",
+        src=StringIO("# Managed by gpuserve (pyinfra): loopback only; the monitor scrapes through "
+                     "nginx's TLS front\n"
+                     f'ARGS="--web.listen-address=127.0.0.1:{monitoring.NODE_EXPORTER_PORT} '
+                     f'--collector.textfile.directory={monitoring.TEXTFILE_DIR}"\n'),
+        dest="/etc/default/prometheus-node-exporter", user="root", group="root", mode="644")
+    files.directory(name="node-exporter textfile directory", path=monitoring.TEXTFILE_DIR,
+                    user="root", group="root", mode="755")
+    systemd.service(name="node-exporter running", service="prometheus-node-exporter",
+                    running=True, enabled=True)
+    systemd.service(name="node-exporter restarted (its arguments changed)",
+                    service="prometheus-node-exporter", restarted=True, _if=defaults.did_change)
+    include, tls = _exporters_tls()
+    dcgm = settings.serves and settings.stack.vendor == "nvidia" and settings.stack.dcgm
+    conf = files.put(name="Exporters' TLS front (monitor and operator networks only)",
+                     src=StringIO(exporters_conf(_networks(settings, monitors), dcgm, include)),
+                     dest=EXPORTERS_CONF, user="root", group="root", mode="644")
+    systemd.service(name="nginx running", service="nginx", running=True, enabled=True)
+    server.shell(name="Reload nginx (exporters' front)",
+                 commands=["nginx -t -q", "systemctl reload nginx"], _if=any_changed(conf, *tls))
+
+
+def _first_key(path: str) -> str:
+    keys = api_keys.read_api_keys(Path(path))
+    if not keys:
+        raise OperationError(f"{host.name}: operator_keys_file {path} holds no key to scrape with")
+    return keys[0]
+
+
+@deploy("Prometheus and alertmanager")
+def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> None:
+    """On a monitor host: Prometheus scraping the inventory, alertmanager, both on loopback."""
+    if monitoring.MONITOR_GROUP not in settings.groups:
+        return
+    m = settings.monitor
+    apt.packages(name="prometheus, prometheus-alertmanager",
+                 packages=["prometheus", "prometheus-alertmanager"], extra_install_args=NO_RECOMMENDS)
+    addresses = {name: address_of(name) for name in all_settings}
+    addresses[host.name] = "127.0.0.1"   # itself: over loopback (an operator network)
+    plan = monitoring.plan_targets(all_settings, addresses)
+    for why in plan.skipped:
+        host.noop(why)
+    files.directory(name="Scrape keys (root:prometheus 0750)", path=monitoring.SCRAPE_SECRETS_DIR,
+                    user="root", group="prometheus", mode="750")
+    secrets = []
+    for t in plan.engines:
+        if t.operator_key_file:
+            dep = all_settings[t.host].deployment(t.deployment)
+            secrets.append(secrets_ops.secret_file(
+                name=f"Operator key to scrape {t.host} {t.deployment} (0640, not shown)",
+                content=_first_key(dep.operator_keys_file) + "\n", dest=t.operator_key_file,
+                user="root", group="prometheus", mode="640"))
+    for n in plan.nodes:
+        if n.operator_key_file:
+            dep = next(d for d in all_settings[n.host].deployments if d.operator_keys_file)
+            secrets.append(secrets_ops.secret_file(
+                name=f"Operator key to scrape {n.host}'s exporters (0640, not shown)",
+                content=_first_key(dep.operator_keys_file) + "\n", dest=n.operator_key_file,
+                user="root", group="prometheus", mode="640"))
+    cas = []
+    if any(t.ca_file for t in plan.engines) or any(n.ca_file for n in plan.nodes):
+        files.directory(name="Hosts' certificates", path=monitoring.SCRAPE_CA_DIR,
+                        user="root", group="root", mode="755")
+        for name, s in all_settings.items():
+            if s.proxy and s.proxy_tls_cert_file:
+                cas.append(files.put(name=f"{name}'s certificate", src=s.proxy_tls_cert_file,
+                                     dest=f"{monitoring.SCRAPE_CA_DIR}/{name}.crt", mode="644"))
+    files.directory(name="Prometheus storage", path=m.storage_path, user="prometheus",
+                    group="prometheus", mode="750")
+    rules = files.put(name="Alert and recording rules", src=StringIO(monitoring.rules_yml(m)),
+                      dest=monitoring.RULES_YML, user="root", group="root", mode="644")
+    conf = files.put(name="prometheus.yml (from the inventory)",
+                     src=StringIO(monitoring.prometheus_yml(plan, m)),
+                     dest=monitoring.PROMETHEUS_YML, user="root", group="root", mode="644")
+    args = files.put(
+        name="Prometheus on loopback, retention and storage",
+        src=StringIO("# Managed by gpuserve (pyinfra)\n"
+                     f'ARGS="--web.listen-address=127.0.0.1:{monitoring.PROMETHEUS_PORT} '
+                     f"--config.file={monitoring.PROMETHEUS_YML} "
+                     f"--storage.tsdb.path={m.storage_path} "
+                     f'--storage.tsdb.retention.time={m.retention}"\n'),
+        dest="/etc/default/prometheus", user="root", group="root", mode="644")
+    am_conf = files.put(name="alertmanager.yml", src=StringIO(monitoring.alertmanager_yml()),
+                        dest=monitoring.ALERTMANAGER_YML, user="root", group="root", mode="644")
+    am_args = files.put(
+        name="alertmanager on loopback, no cluster port",
+        src=StringIO("# Managed by gpuserve (pyinfra)\n"
+                     f'ARGS="--web.listen-address=127.0.0.1:{monitoring.ALERTMANAGER_PORT} '
+                     f"--cluster.listen-address= "
+                     f'--config.file={monitoring.ALERTMANAGER_YML}"\n'),
+        dest="/etc/default/prometheus-alertmanager", user="root", group="root", mode="644")
+    server.shell(name="promtool checks the configuration",
+                 commands=[f"promtool check config {shlex.quote(monitoring.PROMETHEUS_YML)} >/dev/null"],
+                 _if=any_changed(rules, conf, *secrets, *cas))
+    systemd.service(name="Prometheus running", service="prometheus", running=True, enabled=True)
+    systemd.service(name="Prometheus restarted (its arguments changed)", service="prometheus",
+                    restarted=True, _if=args.did_change)
+    server.shell(name="Prometheus reloads its configuration", commands=["systemctl reload prometheus"],
+                 _if=any_changed(rules, conf, *secrets, *cas))
+    systemd.service(name="alertmanager running", service="prometheus-alertmanager", running=True,
+                    enabled=True)
+    systemd.service(name="alertmanager restarted (its configuration changed)",
+                    service="prometheus-alertmanager", restarted=True,
+                    _if=any_changed(am_args, am_conf))

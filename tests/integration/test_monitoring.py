@@ -1,0 +1,109 @@
+"""Monitoring on real sandbox hosts: a serving cpu host and a monitor host (issue 15).
+
+- the converge installs node-exporter, the exporters' TLS front, the watchdog, Prometheus and
+  alertmanager, and a second converge changes nothing;
+- the monitor scrapes every target; the exporters and Prometheus are not open to this machine
+  (a client's point of view);
+- the hang: SIGSTOP of the engine core while requests run; /health stays 200 (so /health-only
+  monitoring misses it), the watchdog restarts the engine within watchdog_stall_s + 30 s, and
+  Prometheus shows GpuserveWatchdogRestarted firing.
+
+Slow (a fresh cpu host's engine install and start, then a hang): about 8 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from gpuserve_sandbox import fleet as fleet_view
+from gpuserve_sandbox import hang
+
+pytestmark = pytest.mark.slow
+
+INV, SERVE = "inventories/sandbox.py", "deploys/serve.py"
+STALL_S = 30
+OPERATOR_KEY = "sandbox-operator-monitor-0123456789ABCDEFabcdef"
+
+
+@pytest.fixture(scope="module")
+def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
+    serving, monitor = make_hosts(["cpu", "monitor"])
+    files = tmp_path_factory.mktemp("monitoring")
+    keys = files / "operator-keys"
+    keys.write_text(OPERATOR_KEY + "\n")
+    keys.chmod(0o600)
+    # a generous probe timeout: on a loaded 2-core machine a 1-token completion can take long;
+    # this test is about the stall path
+    data = ["--data", f"operator_keys_file={keys}", "--data", "monitor_scrape_interval_s=5",
+            "--data", f"watchdog_stall_s={STALL_S}", "--data", "watchdog_probe_timeout_s=120",
+            "--data", "alert_nvme_free_gib=1"]
+    return {"serving": serving, "monitor": monitor, "certs": files, "data": data,
+            "key": fleet_view.client_key(sandbox)}
+
+
+@pytest.fixture(scope="module")
+def converged(fleet, sandbox):
+    from gpuserve_sandbox.runner import run_pyinfra
+
+    run = run_pyinfra(INV, SERVE, *fleet["data"], instance=sandbox.instance).check()
+    assert "Prometheus and alertmanager" in run.output and "Hang watchdog" in run.output
+    return run
+
+
+def test_a_second_converge_changes_nothing(fleet, converged, sandbox):
+    from gpuserve_sandbox.runner import run_pyinfra
+
+    again = run_pyinfra(INV, SERVE, *fleet["data"], instance=sandbox.instance).check()
+    rows = [line.split() for line in again.output.split("--> Results:")[-1].splitlines()]
+    changed = [" ".join(r) for r in rows
+               if len(r) > 4 and r[-4].isdigit() and r[-3] != "-" and "Grand" not in r]
+    log = sandbox.ssh(fleet["serving"], "journalctl -u gpuserve-watchdog@minimax --no-pager -o cat "
+                                        "| tail -20", check=False).stdout
+    assert changed == [], "\n".join(changed) + "\nwatchdog:\n" + log
+
+
+def test_the_monitor_scrapes_every_target_and_nothing_is_open_to_clients(fleet, converged, sandbox):
+    serving, monitor = fleet["serving"], fleet["monitor"]
+    up = {}
+    for _ in range(30):   # the first scrapes (every 5 s), bounded
+        up = {(r["metric"].get("job"), r["metric"].get("host")): r["value"][1]
+              for r in hang.prometheus(sandbox, monitor, "up")}
+        if len(up) >= 4 and set(up.values()) == {"1"}:
+            break
+        subprocess.run(["sleep", "2"])
+    assert up == {("gpuserve-engine", serving.name): "1", ("node", serving.name): "1",
+                  ("node", monitor.name): "1", ("prometheus", None): "1"}, up
+    release = hang.prometheus(sandbox, monitor, "gpuserve_release_info")
+    assert [r["metric"]["host"] for r in release] == [serving.name]
+    # from this machine (a client of the sandbox network)
+    curl = ["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"]
+    assert subprocess.run([*curl, f"https://{serving.ip}:9101/metrics"],
+                          capture_output=True, text=True).stdout == "403"
+    assert subprocess.run([*curl, f"https://{serving.ip}:8443/metrics"],
+                          capture_output=True, text=True).stdout == "401"
+    for ip, port in ((serving.ip, 9100), (monitor.ip, 9090), (monitor.ip, 9093)):
+        assert subprocess.run([*curl, f"http://{ip}:{port}/"], capture_output=True,
+                              text=True).stdout == "000", f"{ip}:{port} answers this machine"
+
+
+def test_a_hung_engine_is_restarted_and_alerted_while_health_says_200(fleet, converged, sandbox,
+                                                                       capsys):
+    serving, monitor = fleet["serving"], fleet["monitor"]
+    rec = hang.hang_engine(sandbox, serving, fleet["certs"], fleet["key"], "tiny-chat",
+                           wait_s=STALL_S + 30)
+    with capsys.disabled():
+        print(f"\nhang: {rec.running_before:g} running; restart issued {rec.restart_after_s} s after "
+              f"SIGSTOP (stall {STALL_S} s); /health during the hang: {rec.health_during_hang}\n"
+              f"{rec.watchdog_log}")
+    assert rec.restart_after_s is not None, f"no restart within {STALL_S + 30} s:\n{rec.watchdog_log}"
+    assert "no generation token" in rec.watchdog_log
+    # /health-only monitoring would not have noticed: 200 all along the hang
+    assert rec.health_during_hang and set(rec.health_during_hang) == {200}, rec.health_during_hang
+    fired = hang.wait_alert(sandbox, monitor, "GpuserveWatchdogRestarted", wait_s=120)
+    assert [a["metric"]["host"] for a in fired] == [serving.name], json.dumps(fired)
+    assert hang.wait_ready(sandbox, serving, fleet["certs"]), "the engine did not come back"
+    status, _ = fleet_view.chat(sandbox, serving, fleet["certs"], fleet["key"], "tiny-chat")
+    assert status == 200
