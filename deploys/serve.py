@@ -10,6 +10,7 @@ beside it (roll it out with deploys/upgrade.py). Idempotent: a second run report
 from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.engine import engine
+from gpuserve.layers.gateway import gateway
 from gpuserve.layers.gpu_stack import gpu_stack
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.service import service
@@ -18,9 +19,13 @@ from gpuserve.service import desired_releases
 
 settings = host_settings()
 
-base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-gpu_stack()
-spec = engine(settings)
-weights(settings)
-service(settings, desired_releases(settings, spec))
-proxy(settings)
+if settings.serves:   # False for a host of the gateway (or monitor) group only
+    base_layout(settings.nvme_path, [d.name for d in settings.deployments])
+    gpu_stack()
+    spec = engine(settings)
+    weights(settings)
+    service(settings, desired_releases(settings, spec))
+    proxy(settings)
+
+# --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy
+gateway(settings)

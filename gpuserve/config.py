@@ -967,6 +967,7 @@ def _serves(c: _Checker) -> bool:
 def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
     """Settings of a host that serves nothing: its host-level keys and its role's keys."""
     level = _host_level(c)
+    build = _engine_build(c)   # uv and the wheelhouse build smg's venv too
     gw = _gateway(c) if gateway.GATEWAY_GROUP in c.host.groups else None
     if c.problems:
         return None, list(c.problems)
@@ -976,7 +977,7 @@ def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
         hf_endpoint=None, model_local_path=None, engine="", engine_version="", engine_package="",
         python_version=_python_version(c) or "3.12", torch_backend="", deployments=(),
         stack=None, sources=MappingProxyType(dict(c.sources)),  # type: ignore[arg-type]
-        warnings=tuple(c.warnings), serves=False, gateway=gw, **level)
+        warnings=tuple(c.warnings), serves=False, gateway=gw, **level, **build)
     return settings, []
 
 
@@ -1039,9 +1040,21 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
             ipaddress.ip_network(a, strict=False)
         except (TypeError, ValueError):
             c.problem("gateway_addresses", f"{a!r} is not an address or network (CIDR)")
+    keys = {}
+    for key in ("api_keys_file", "operator_keys_file"):
+        file = c.get(key)
+        if file is None and key == "api_keys_file":
+            c.problem(key, "a gateway lets no client in without keys: name a file of client keys "
+                      "on the control node (the clients' keys are checked at the gateway)")
+        elif file is not None and not (isinstance(file, str) and Path(file).is_file()):
+            c.problem(key, f"{file!r} is not a file on this control node")
+        elif file is not None and key_file_problem(Path(file)):
+            c.problem(key, key_file_problem(Path(file)))
+        keys[key] = file
     if len(c.problems) > before:
         return None
     return gateway.GatewaySettings(
+        api_keys_file=keys["api_keys_file"], operator_keys_file=keys["operator_keys_file"],
         bind=bind, port=ports["gateway_port"], smg_port=ports["gateway_smg_port"],
         metrics_host=metrics, metrics_port=ports["gateway_metrics_port"], policy=policy,
         balance_abs_threshold=abs_t, balance_rel_threshold=float(rel), sticky_header=sticky,

@@ -66,6 +66,8 @@ class GatewaySettings:
     smg_version: str
     workers_ca_file: str | None   # control node; None: the serving hosts' own certificates
     addresses: tuple[str, ...]    # what the serving hosts see this gateway connect from
+    api_keys_file: str | None = None       # control node: the clients' keys, checked here
+    operator_keys_file: str | None = None  # control node: keys for the operator routes
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ def smg_argv(g: GatewaySettings, venv: str) -> list[str]:
         "--balance-abs-threshold", str(g.balance_abs_threshold),
         "--balance-rel-threshold", str(g.balance_rel_threshold),
         "--health-check-interval-secs", str(g.health_interval_s),
+        "--discovery-check-interval-secs", "5",   # besides the reread on every change
         "--log-level", "info",
     ]
     if g.sticky_header:
@@ -209,3 +212,32 @@ def drained(states: Mapping[str, dict], wid: str) -> bool:
 def serving_healthy(states: Mapping[str, dict], wid: str) -> bool:
     state = states.get(wid)
     return state is not None and state["healthy"] and state["status"] == "ready"
+
+
+def addresses(settings: Mapping) -> list[str]:
+    """Every gateway's addresses, as the serving hosts' proxies admit them (HostSettings by name)."""
+    return list(dict.fromkeys(a for s in settings.values() if s.gateway for a in s.gateway.addresses))
+
+
+def build_script(version: str, python: str, python_downloads: str, uv: str,
+                 wheels: str | None) -> str:
+    """smg's venv, built like the engines' (gpuserve.engine.build_script): under .partial,
+    checked (smg runs and says its version), then renamed. ``wheels``: a pushed wheel set."""
+    q = shlex.quote
+    final = venv_dir(version, python)
+    partial = final + ".partial"
+    index = f"--no-index --find-links {q(wheels)} " if wheels else ""
+    managed = "--managed-python" if python_downloads == "automatic" else "--no-managed-python"
+    return "\n".join([
+        "set -eu",
+        "umask 022",
+        f"export UV_NO_CONFIG=1 UV_CACHE_DIR={q(layout.OPT_DIR)}/cache/uv UV_PYTHON_DOWNLOADS={q(python_downloads)}"
+        f" UV_PYTHON_INSTALL_DIR={q(layout.OPT_DIR)}/python",
+        f"mkdir -p {q(ENVS)}",
+        f"rm -rf {q(partial)}",
+        f"{q(uv)} venv --relocatable {managed} --python {q(python)} {q(partial)}",
+        f"{q(uv)} pip install --python {q(partial)}/bin/python --compile-bytecode {index}"
+        f"{q(f'{SMG_PACKAGE}=={version}')}",
+        f"{q(partial)}/bin/smg --version | grep -q {q(version)}",
+        f"mv -f {q(partial)} {q(final)}",
+    ])

@@ -59,6 +59,8 @@ PROFILES: dict[str, SimProfile] = {
     "blackwell_x4": SimProfile("nvidia", "NVIDIA GB200", 189471, 4, nvswitch_count=2, nvlink_gen=5),
     "mi355x_x4": SimProfile("amd", "AMD Instinct MI355X", 294896, 4, nvswitch_count=0, gfx="gfx950"),
     "cpu": SimProfile("none", "", 0, 0, nvswitch_count=0),
+    # the fleet gateway (docs/gateway.md): no GPU, serves no model, runs smg
+    "gateway": SimProfile("none", "", 0, 0, nvswitch_count=0),
 }
 
 

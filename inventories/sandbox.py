@@ -11,3 +11,4 @@ hopper_x8 = group("hopper_x8")
 blackwell_x4 = group("blackwell_x4")
 mi355x_x4 = group("mi355x_x4")
 cpu = group("cpu")
+gateway = group("gateway")   # the fleet gateway (no GPU): `gpuserve sandbox up --profile gateway`
