@@ -65,8 +65,13 @@ def _keys(file: str | None, what: str, required: bool) -> list[str]:
 
 def _serving_certificates(state, host) -> bool:
     """workers-ca.pem from the serving hosts' own proxy certificates (public, not secrets);
-    an unreachable or certificate-less serving host fails the operation, naming it."""
+    an unreachable or certificate-less serving host fails the operation, naming it. Added on
+    every host (a no-op on all but the gateways without gateway_workers_ca_file), so that
+    pyinfra orders it after every serving host's proxy layer, which makes the certificates."""
     settings = all_settings()
+    mine = settings[host.name].gateway
+    if mine is None or mine.workers_ca_file:
+        return True
     pems = []
     for h in state.inventory:
         s = settings.get(h.name)
@@ -93,7 +98,7 @@ def _write_if_changed(h, path: str, content: str) -> bool:
     if ok and out.stdout.strip() == want:
         return True
     b64 = base64.b64encode(content.encode()).decode()
-    ok, out = shell(h, f"echo {b64} | base64 -d > {path}.tmp && chmod 644 {path}.tmp && "
+    ok, out = shell(h, f"mkdir -p {gw.ETC} && echo {b64} | base64 -d > {path}.tmp && chmod 644 {path}.tmp && "
                        f"mv -f {path}.tmp {path} && (systemctl try-restart {gw.UNIT} || true)",
                     COMMAND_TIMEOUT_S)
     if not ok:
@@ -105,6 +110,8 @@ def _write_if_changed(h, path: str, content: str) -> bool:
 
 @deploy("Gateway")
 def gateway(settings: HostSettings) -> None:
+    python.call(name="Gateway: workers' CA from the serving hosts (after their proxy)",
+                function=_serving_certificates)
     g = settings.gateway
     if g is None:
         return
@@ -139,9 +146,7 @@ def gateway(settings: HostSettings) -> None:
         ca = files.put(name="Workers' CA (gateway_workers_ca_file)", src=g.workers_ca_file,
                        dest=gw.WORKERS_CA, user="root", group="root", mode="644")
     else:
-        ca = None
-        python.call(name="Workers' CA: the serving hosts' proxy certificates",
-                    function=_serving_certificates)
+        ca = None   # the first operation above wrote it (and restarted smg when it changed)
     venv_dir = gw.venv_dir(g.smg_version, settings.python_version)
     unit = files.put(name=f"{gw.UNIT} (smg on 127.0.0.1:{g.smg_port}, no secret)",
                      src=StringIO(gw.unit(g, venv_dir)), dest=f"/etc/systemd/system/{gw.UNIT}",

@@ -42,9 +42,17 @@ def _gateways() -> list:
     if state is None or getattr(state, "inventory", None) is None:
         return []
     settings = all_settings()
-    inventory = state.inventory
-    return [(h, settings[h.name].gateway) for h in inventory
-            if h.name in settings and settings[h.name].gateway is not None]
+    out = []
+    for h in state.inventory:
+        if h.name in settings and settings[h.name].gateway is not None:
+            if not h.connected:   # outside this run's --limit: connected only now
+                try:
+                    h.connect(reason="gateway of the hosts this rollout moves", raise_exceptions=True)
+                except Exception as exc:  # noqa: BLE001 - whatever the connector raises
+                    raise MoveFailed(f"{h.name}: cannot reach this gateway ({type(exc).__name__}: "
+                                     f"{exc}); a host out of rotation must be out of every gateway") from None
+            out.append((h, settings[h.name].gateway))
+    return out
 
 
 def _set_worker(gh, wid: str, present: bool) -> None:
