@@ -164,3 +164,15 @@ def test_hosts_behind_a_gateway_let_only_the_gateways_reach_the_client_routes():
         engine_port=8000, drain_flag="/x", read_timeout_s=600, operator_networks=["127.0.0.1/32"],
         limits=proxy_conf.ProxyLimits())
     assert "gateway" not in plain
+
+
+def test_the_plan_shows_what_a_gateway_host_runs():
+    from gpuserve.plan import render_plan
+
+    settings = validate_inventory(fleet())
+    text = render_plan(settings, "text")
+    assert "gw1: gateway, serves no model" in text and "policy cache_aware (balance 4 / 1.2)" in text
+    assert "h1\n" in text   # the serving hosts as before
+    doc = json.loads(render_plan(settings, "json"))
+    assert {"host": "gw1", "serves": False}.items() <= doc[-1].items()
+    assert "gw1" not in render_plan(settings, "argv")
