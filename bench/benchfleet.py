@@ -80,14 +80,16 @@ class Fleet:
 
 
 @contextmanager
-def fleet(args: argparse.Namespace, profile: str = "cpu"):
-    """Fresh hosts, the hub in this process, an empty control-node weights cache."""
+def fleet(args: argparse.Namespace, profile: str = "cpu", extra: tuple[str, ...] = ()):
+    """Fresh hosts, the hub in this process, an empty control-node weights cache. ``extra``:
+    profiles of more hosts after the ``args.hosts`` of ``profile`` (e.g. "gateway")."""
     sandbox = Sandbox(instance=args.instance)
     t0 = time.monotonic()
     print(f"machine: {machine()}", flush=True)
     ensure_wheelhouse()
     ensure_api_keys(sandbox.state_dir)
-    hosts = sandbox.up([HostSpec.parse(profile)] * args.hosts, services=False)
+    hosts = sandbox.up([HostSpec.parse(profile)] * args.hosts + [HostSpec.parse(p) for p in extra],
+                       services=False)
     network.ensure_bridge(sandbox.instance)
     with tempfile.TemporaryDirectory(prefix="gpuserve-bench-") as tmp:
         root = Path(tmp) / "hub"

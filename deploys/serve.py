@@ -14,15 +14,18 @@ from pyinfra import host, logger
 from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import all_settings, host_settings
 from gpuserve.layers.engine import engine
+from gpuserve.layers.gateway import gateway
 from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
+from gpuserve.layers.monitoring import monitor, monitor_hosts, node_exporter
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.service import service
+from gpuserve.layers.watchdog import watchdog
 from gpuserve.layers.weights import weights
 from gpuserve.service import desired_releases
 
 settings = host_settings()
 
-if settings.serves:   # a monitor-only host (group monitor, no hardware group) serves nothing
+if settings.serves:   # False on a host of role groups only (gateway, monitor): it serves no model
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
     pending = stack_move(settings) if serving(settings) else None
     if pending:
@@ -34,10 +37,10 @@ if settings.serves:   # a monitor-only host (group monitor, no hardware group) s
     service(settings, desired_releases(settings, spec))
     proxy(settings)
 
-# --- monitoring (docs/monitoring.md): only when the inventory has hosts in group monitor ---
-from gpuserve.layers.monitoring import monitor, monitor_hosts, node_exporter  # noqa: E402
-from gpuserve.layers.watchdog import watchdog  # noqa: E402
+# --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy
+gateway(settings)
 
+# --- monitoring (docs/monitoring.md): only when the inventory has hosts in group monitor ---
 if monitor_hosts(all_settings()):
     node_exporter(settings, all_settings())
     watchdog(settings)

@@ -27,17 +27,19 @@ from gpuserve.service import desired_releases
 
 settings = host_settings()
 
-base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-spec = engine(settings)
-weights(settings)
-releases = desired_releases(settings, spec)
-service(settings, releases, start=False)
-proxy(settings)
-gpu_stack(disruptive=False)
-moves = [m for m in [stack_move(settings)] if m]
-for dep in settings.deployments:
-    st = deployment_state(settings, dep.name)
-    if move := upgrade_move(settings.host, dep.name, st.current, releases[dep.name].id,
-                            st.previous, st.interrupted):
-        moves.append(move)
+moves = []
+if settings.serves:   # a host of role groups only (gateway, monitor) serves no model: nothing to move
+    base_layout(settings.nvme_path, [d.name for d in settings.deployments])
+    spec = engine(settings)
+    weights(settings)
+    releases = desired_releases(settings, spec)
+    service(settings, releases, start=False)
+    proxy(settings)
+    gpu_stack(disruptive=False)
+    moves = [m for m in [stack_move(settings)] if m]
+    for dep in settings.deployments:
+        st = deployment_state(settings, dep.name)
+        if move := upgrade_move(settings.host, dep.name, st.current, releases[dep.name].id,
+                                st.previous, st.interrupted):
+            moves.append(move)
 add_rollout("upgrade", moves)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpuserve import engine_pins, layout, monitoring, proxy_conf, recipes, rollout, stack
+from gpuserve import engine_pins, gateway, layout, monitoring, proxy_conf, recipes, rollout, stack
 from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
@@ -139,6 +139,25 @@ MONITOR_DEFAULTS: dict[str, Any] = {
 }
 HOST_DEFAULTS.update(MONITOR_DEFAULTS)
 # --- end of monitoring keys ---
+# --- gateway (docs/gateway.md): hosts of the inventory group `gateway` -----------------------------
+GATEWAY_DEFAULTS: dict[str, Any] = {
+    "gateway_bind": "0.0.0.0",  # the clients' TLS front (nginx) on a gateway host
+    "gateway_port": 9443,
+    "gateway_smg_port": 30000,  # smg's API and admin API: loopback only
+    "gateway_metrics_host": "127.0.0.1",  # smg's /metrics: loopback or the monitor network
+    "gateway_metrics_port": 29000,
+    "gateway_policy": "cache_aware",
+    "gateway_balance_abs_threshold": gateway.DEFAULT_BALANCE_ABS,
+    "gateway_balance_rel_threshold": gateway.DEFAULT_BALANCE_REL,
+    "gateway_sticky_header": None,  # e.g. "x-session-id": one conversation, one host
+    "gateway_health_interval_s": 5,
+    "smg_version": gateway.SMG_VERSION,
+    "gateway_workers_ca_file": None,  # None: trust the serving hosts' own (self-signed) certificates
+    "gateway_addresses": None,  # None: the gateway's ssh_hostname (an IP address)
+}
+HOST_DEFAULTS.update(GATEWAY_DEFAULTS)
+# --- end gateway ------------------------------------------------------------------------------------
+
 # The GPU stack layer's keys are validated by gpuserve.stack (docs/gpu-stack.md)
 KEYS = set(HOST_DEFAULTS) | set(DEPLOYMENT_DEFAULTS) | set(stack.DEFAULTS)
 
@@ -264,9 +283,11 @@ class HostSettings:
     trusted_network: bool = False
     drain_timeout_s: int = 120  # a move waits this long at most for in-flight requests
     rollback_stack: bool = False  # deploys/rollback.py moves the GPU stack back, not the release
-    # monitoring (gpuserve.monitoring): a monitor-only host serves nothing
     monitor: monitoring.MonitorSettings = monitoring.MonitorSettings()
+    # False for a host of role groups only (gateway, monitor) and no hardware group: it has no
+    # engine and no deployment; its other fields are gpuserve's defaults
     serves: bool = True
+    gateway: gateway.GatewaySettings | None = None  # set on the hosts of the group `gateway`
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -882,12 +903,6 @@ def _hardware_groups(c: _Checker) -> None:
 
 # --- monitoring, hang watchdog, canary ----------------------------------------------------------
 
-def is_monitor_only(groups: Iterable[str]) -> bool:
-    """In group ``monitor`` and in no hardware group: the host runs Prometheus, serves nothing."""
-    groups = tuple(groups)
-    return monitoring.MONITOR_GROUP in groups and not any(g in recipes.RECIPES for g in groups)
-
-
 MONITOR_NUMBERS = {  # key -> (minimum, maximum, integer only)
     "monitor_scrape_interval_s": (1, 600, True),
     "slo_ttft_p95_s": (0.001, 3600, False),
@@ -946,23 +961,6 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
     )
 
 
-def _check_monitor_only(host: Host, deploying: bool) -> tuple[HostSettings | None, list[Problem]]:
-    """A monitor host that serves nothing: the host-level keys and the monitoring keys only."""
-    c = _Checker(host, deploying)
-    _unknown_keys(c)
-    level = _host_level(c)
-    mon = _monitor(c)
-    gpu_stack = _gpu_stack(c)
-    if c.problems or mon is None or gpu_stack is None:
-        return None, list(c.problems)
-    return HostSettings(
-        host=host.name, groups=tuple(host.groups), hardware=HardwareProfile("cpu", 0, False),
-        recipe="", recipe_explicit=False, model_repo="", model_revision=None, model_source="",
-        hf_endpoint=None, model_local_path=None, engine="", engine_version="", engine_package="",
-        python_version="", torch_backend="", deployments=(), stack=gpu_stack,
-        sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings), monitor=mon,
-        serves=False, **level,
-    ), []
 # --- end of monitoring ---
 
 
@@ -970,10 +968,10 @@ def check_host(host: Host, *, require_revision: bool = True,
                deploying: bool = False) -> tuple[HostSettings | None, list[Problem]]:
     """Settings for one pyinfra host, and every problem found (settings None when any).
     ``deploying``: a pyinfra run, where files only a deploy reads must exist already."""
-    if is_monitor_only(host.groups):
-        return _check_monitor_only(host, deploying)
     c = _Checker(host, deploying)
     _unknown_keys(c)
+    if not _serves(c):
+        return _role_host(c)
     _hardware_groups(c)
     hw = _hardware(c)
     recipe, explicit = _recipe(c, hw)
@@ -1000,6 +998,7 @@ def check_host(host: Host, *, require_revision: bool = True,
                       "covers only /v1 (/invocations, /tokenize, /metrics, /scale_elastic_ep stay "
                       "open). Allowed: a loopback address, proxy = True, or trusted_network = True "
                       "where the network in front is trusted", src)
+    gw = _gateway(c) if gateway.GATEWAY_GROUP in host.groups else None  # a gateway that serves too
     settings = None
     problems = list(c.problems)
     renderable = (
@@ -1014,7 +1013,7 @@ def check_host(host: Host, *, require_revision: bool = True,
             host=host.name, groups=tuple(host.groups), hardware=hw, recipe=recipe,
             recipe_explicit=explicit, deployments=deployments, stack=gpu_stack,
             sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings), monitor=mon,
-            **model, **engine, **level, **build, **weights,
+            gateway=gw, **model, **engine, **level, **build, **weights,
         )
         problems += recipes.check(settings)
     return (None if problems else settings), problems
@@ -1045,6 +1044,154 @@ def validate_inventory(inventory: Inventory, *, require_revision: bool = True,
         problems += found
         if one is not None:
             settings[host.name] = one
+    problems += _fleet_gateway(inventory, settings)
     if problems:
         raise ConfigError(problems)
     return settings
+
+
+# --- gateway (docs/gateway.md) -----------------------------------------------------------------------
+
+ROLE_GROUPS = (gateway.GATEWAY_GROUP, monitoring.MONITOR_GROUP)
+
+
+def _serves(c: _Checker) -> bool:
+    """A host serves unless it is in a role group (gateway, monitor) and in no hardware group:
+    then it runs its role and serves no model."""
+    groups = tuple(c.host.groups)
+    return not (any(g in ROLE_GROUPS for g in groups) and not any(g in recipes.RECIPES for g in groups))
+
+
+def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
+    """Settings of a host that serves nothing: its host-level keys and its role's keys."""
+    level = _host_level(c)
+    build = _engine_build(c)   # uv and the wheelhouse build smg's venv too
+    gw = _gateway(c) if gateway.GATEWAY_GROUP in c.host.groups else None
+    mon = _monitor(c)
+    gpu_stack = _gpu_stack(c)
+    if c.problems or mon is None or gpu_stack is None:
+        return None, list(c.problems)
+    settings = HostSettings(
+        host=c.name, groups=tuple(c.host.groups), hardware=HardwareProfile("cpu", 0, False), recipe="",
+        recipe_explicit=False, model_repo="", model_revision=None, model_source="",
+        hf_endpoint=None, model_local_path=None, engine="", engine_version="", engine_package="",
+        python_version=_python_version(c) or "3.12", torch_backend="", deployments=(),
+        stack=gpu_stack, sources=MappingProxyType(dict(c.sources)),
+        warnings=tuple(c.warnings), serves=False, gateway=gw, monitor=mon, **level, **build)
+    return settings, []
+
+
+def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
+    before = len(c.problems)
+    bind = c.get("gateway_bind")
+    if not (isinstance(bind, str) and _is_host(bind)):
+        c.problem("gateway_bind", f"{bind!r} is not an IP address or host name")
+    ports = {k: c.integer(k, 1024, maximum=65535) for k in
+             ("gateway_port", "gateway_smg_port", "gateway_metrics_port")}
+    seen: dict[int, str] = {}
+    for key, port in ports.items():
+        if port is not None and port in seen:
+            c.problem(key, f"port {port} is also {seen[port]}; smg, its metrics and the clients' "
+                      "front each need their own port")
+        elif port is not None:
+            seen[port] = key
+    metrics = c.get("gateway_metrics_host")
+    try:
+        ipaddress.ip_address(metrics)
+    except (TypeError, ValueError):
+        c.problem("gateway_metrics_host", f"{metrics!r} is not an IP address (loopback, or the "
+                  "gateway's address on the monitor network)")
+    else:
+        if metrics in ("0.0.0.0", "::"):
+            c.problem("gateway_metrics_host", f"{metrics} is every interface; smg's metrics go on "
+                      "loopback or the monitor network's address only")
+    policy = c.one_of("gateway_policy", gateway.POLICIES)
+    abs_t = c.integer("gateway_balance_abs_threshold", 0, maximum=100000)
+    rel = c.get("gateway_balance_rel_threshold")
+    if isinstance(rel, bool) or not isinstance(rel, (int, float)) or not 1.0 <= rel <= 100.0:
+        c.problem("gateway_balance_rel_threshold", f"{rel!r} is not allowed; use a number from 1.0 "
+                  "(a multiple of the fleet's mean load) to 100")
+    sticky = c.get("gateway_sticky_header")
+    if sticky is not None and not (isinstance(sticky, str) and re.fullmatch(gateway.HEADER_NAME, sticky)):
+        c.problem("gateway_sticky_header", f"{sticky!r} is not a header name (letters, digits, '-')")
+    health = c.integer("gateway_health_interval_s", 1, maximum=3600)
+    version = c.get("smg_version")
+    if not (isinstance(version, str) and VERSION.fullmatch(version)):
+        c.problem("smg_version", f"{version!r} is not a version like '{gateway.SMG_VERSION}' (a string)")
+    ca = c.get("gateway_workers_ca_file")
+    if ca is not None and not (isinstance(ca, str) and Path(ca).is_file()):
+        c.problem("gateway_workers_ca_file", f"{ca!r} is not a file on this control node")
+    addresses = c.get("gateway_addresses")
+    if addresses is None:
+        ssh = c.host.data.get("ssh_hostname")
+        try:
+            addresses = [str(ipaddress.ip_address(ssh))]
+        except (TypeError, ValueError):
+            c.problem("gateway_addresses", f"the gateway's address ({ssh or c.name}) is not an IP "
+                      "address; list the addresses the serving hosts see it connect from, e.g. "
+                      "['10.0.5.10']", "gpuserve default")
+            addresses = None
+    if addresses is not None and not (isinstance(addresses, (list, tuple)) and addresses):
+        c.problem("gateway_addresses", f"{addresses!r} is not allowed; use a list of addresses or "
+                  "networks (CIDR)")
+        addresses = None
+    for a in addresses or ():
+        try:
+            ipaddress.ip_network(a, strict=False)
+        except (TypeError, ValueError):
+            c.problem("gateway_addresses", f"{a!r} is not an address or network (CIDR)")
+    keys = {}
+    for key in ("api_keys_file", "operator_keys_file"):
+        file = c.get(key)
+        if file is None and key == "api_keys_file":
+            c.problem(key, "a gateway lets no client in without keys: name a file of client keys "
+                      "on the control node (the clients' keys are checked at the gateway)")
+        elif file is not None and not (isinstance(file, str) and Path(file).is_file()):
+            c.problem(key, f"{file!r} is not a file on this control node")
+        elif file is not None and key_file_problem(Path(file)):
+            c.problem(key, key_file_problem(Path(file)))
+        keys[key] = file
+    if len(c.problems) > before:
+        return None
+    return gateway.GatewaySettings(
+        api_keys_file=keys["api_keys_file"], operator_keys_file=keys["operator_keys_file"],
+        bind=bind, port=ports["gateway_port"], smg_port=ports["gateway_smg_port"],
+        metrics_host=metrics, metrics_port=ports["gateway_metrics_port"], policy=policy,
+        balance_abs_threshold=abs_t, balance_rel_threshold=float(rel), sticky_header=sticky,
+        health_interval_s=health, smg_version=version, workers_ca_file=ca,
+        addresses=tuple(str(a) for a in addresses or ()))
+
+
+def serving_workers(inventory: Inventory, settings: Mapping[str, HostSettings]) -> list[gateway.Worker]:
+    """The workers every gateway gets: each deployment of each serving host, in inventory order."""
+    return gateway.workers(
+        (h.name, str(h.data.get("ssh_hostname") or h.name), settings[h.name].deployments)
+        for h in inventory if h.name in settings and settings[h.name].serves)
+
+
+def _fleet_gateway(inventory: Inventory, settings: Mapping[str, HostSettings]) -> list[Problem]:
+    """Across hosts: a gateway needs workers; each worker once; workers behind their proxy."""
+    gateways = [s for s in settings.values() if s.gateway is not None]
+    if not gateways:
+        return []
+    problems = []
+    serving = [s for s in settings.values() if s.serves]
+    first = gateways[0].host
+    if not serving:
+        problems.append(Problem(first, "inventory", "gateway", "a gateway without workers: no host "
+                                "of this inventory serves a model (put serving hosts in a hardware "
+                                "group, or run the gateway with the inventory of its fleet)"))
+    for s in serving:
+        if not s.proxy:
+            problems.append(Problem(s.host, s.source("proxy"), "proxy", "a gateway fronts this "
+                                    "host: it reaches the engines through the host's TLS proxy and "
+                                    "the proxy lets only the gateways in; set proxy = True"))
+    seen: dict[str, str] = {}
+    for w in serving_workers(inventory, settings):
+        if w.url in seen:
+            problems.append(Problem(w.id.split("/")[0], "inventory", "ssh_hostname",
+                                    f"worker {w.url} is named twice: {seen[w.url]} and {w.id} are the "
+                                    "same address and port; list each host once"))
+        seen.setdefault(w.url, w.id)
+    return problems
+# --- end gateway ------------------------------------------------------------------------------------

@@ -145,16 +145,30 @@ def errors_json(error: ConfigError) -> str:
                                    "message": p.message} for p in error.problems]}, indent=2)
 
 
+def _role_text(s: HostSettings) -> str:
+    """A host that serves no model (docs/gateway.md): what it runs instead."""
+    g = s.gateway
+    if g is None and "monitor" in s.groups:
+        return (f"{s.host}\n  groups:   {', '.join(s.groups)}\n  monitor:  Prometheus and "
+                "alertmanager; serves nothing")
+    if g is None:
+        return f"{s.host}: serves no model (groups {', '.join(s.groups)})"
+    return (f"{s.host}: gateway, serves no model\n"
+            f"  smg {g.smg_version} on 127.0.0.1:{g.smg_port} (metrics {g.metrics_host}:{g.metrics_port}), "
+            f"policy {g.policy} (balance {g.balance_abs_threshold} / {g.balance_rel_threshold})\n"
+            f"  clients: TLS front {g.bind}:{g.port}; serving hosts admit {', '.join(g.addresses)}")
+
+
 def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = False) -> str:
+    # hosts of role groups only (gateway, monitor) serve no model (docs/gateway.md, docs/monitoring.md)
+    roles = {n: s for n, s in settings.items() if not s.serves}
     rendered = {name: recipes.render_host(s) for name, s in settings.items() if s.serves}
-    # monitor-only hosts (group monitor, no hardware group) serve nothing (docs/monitoring.md)
-    monitors = [s for s in settings.values() if not s.serves]
     if fmt == "json":
         return json.dumps([_json(settings[n], c, profile) for n, c in rendered.items()]
-                          + [{"host": m.host, "groups": list(m.groups), "serves": False}
-                             for m in monitors], indent=2)
-    chunks = [f"{m.host}\n  groups:   {', '.join(m.groups)}\n  monitor:  Prometheus and "
-              "alertmanager; serves nothing" for m in monitors] if fmt == "text" else []
+                          + [{"host": n, "serves": False, "groups": list(s.groups),
+                              "gateway": s.gateway.__dict__ if s.gateway else None}
+                             for n, s in roles.items()], indent=2)
+    chunks = [_role_text(s) for s in roles.values()] if fmt == "text" else []
     for name, configs in rendered.items():
         s = settings[name]
         if fmt == "text":

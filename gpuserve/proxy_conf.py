@@ -86,7 +86,7 @@ def var(deployment: str) -> str:
 
 # The proxy's own files share the names deployments get: conf.d/gpuserve-<deployment>.conf beside
 # conf.d/gpuserve-common.conf. A deployment may not take one of these names (config refuses it).
-OWN_NAMES = ("common",)
+OWN_NAMES = ("common", "gateway")   # gateway: the gateway host's own front (gpuserve.gateway)
 
 
 def host_port(host: str, port: int) -> str:
@@ -121,8 +121,13 @@ def tls_conf(cert: str, key: str) -> str:
 
 def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence[str],
                 engine_host: str, engine_port: int, drain_flag: str, read_timeout_s: int,
-                operator_networks: Sequence[str], limits: ProxyLimits) -> str:
-    """The front of one deployment (conf.d/gpuserve-<deployment>.conf)."""
+                operator_networks: Sequence[str], limits: ProxyLimits,
+                gateways: Sequence[str] = ()) -> str:
+    """The front of one deployment (conf.d/gpuserve-<deployment>.conf). With ``gateways`` (the
+    addresses of the fleet's gateways, docs/gateway.md) the client routes answer only them and
+    operator keys: the client's key was checked once, at the gateway; from anywhere else a
+    client key gets 403. The per-address limit does not count the gateways (they carry the
+    whole fleet's traffic)."""
     v = var(deployment)
     lim = limits
     t = lim.client_timeout_s
@@ -157,7 +162,8 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "}\n",
         f"limit_req_zone ${v}_client zone={v}_rate:1m rate={lim.rate_per_key}r/s;\n",
         f"limit_conn_zone ${v}_client zone={v}_conn:1m;\n",
-        f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n",
+        *(_gateway_maps(v, gateways) if gateways else
+          [f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n"]),
         "\n",
         f"upstream {v}_engine {{\n",
         f"    server {host_port(engine_host, engine_port)};\n",
@@ -210,9 +216,10 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         out += [
             "\n",
             f"    location {location} {{\n",
-            f"        if (${v}_key = \"\") {{\n",
-            "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
-            "        }\n",
+            *(_gateway_only(v) if gateways else [
+                f"        if (${v}_key = \"\") {{\n",
+                "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
+                "        }\n"]),
             f"        client_max_body_size {size}k;\n",
             *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
             f"        proxy_pass http://{v}_engine;\n",
@@ -238,6 +245,34 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "}\n",
     ]
     return "".join(out)
+
+
+def _gateway_maps(v: str, gateways: Sequence[str]) -> list[str]:
+    return [
+        "# the fleet's gateways (docs/gateway.md): they alone reach the client routes without a key\n",
+        f"geo ${v}_gateway {{\n",
+        "    default 0;\n",
+        *(f"    {net} 1;\n" for net in gateways),
+        "}\n",
+        f"map \"${v}_gateway:${v}_key\" ${v}_client_ok {{\n",
+        "    ~^1: 1;\n",
+        "    ~^0:o 1;\n",
+        "    default 0;\n",
+        "}\n",
+        f"map ${v}_gateway ${v}_addr_key {{\n",
+        "    1 \"\";\n",
+        "    default $binary_remote_addr;\n",
+        "}\n",
+        f"limit_conn_zone ${v}_addr_key zone={v}_addr:10m;\n",
+    ]
+
+
+def _gateway_only(v: str) -> list[str]:
+    return [
+        f"        if (${v}_client_ok = 0) {{\n",
+        "            return 403 \"{\\\"error\\\": \\\"this host serves clients only through the gateway\\\"}\\n\";\n",
+        "        }\n",
+    ]
 
 
 def _headers(indent: str, auth: str | None = None) -> list[str]:

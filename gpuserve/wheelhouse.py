@@ -307,9 +307,13 @@ def build(inventory: str | None, profile: str | None, data: tuple[str, ...], des
         if where is None:
             raise click.ClickException(f"{s.host}: no wheelhouse key and no --dest")
         for arch in arches or (platform.machine(),):
-            key = (where, s.engine_package, s.engine_version, s.python_version, s.torch_backend,
-                   arch, s.uv_version, _torch_index(torch_index, s))
-            wanted[key] = s.host
+            if s.serves:
+                key = (where, s.engine_package, s.engine_version, s.python_version, s.torch_backend,
+                       arch, s.uv_version, _torch_index(torch_index, s))
+                wanted[key] = s.host
+            if s.gateway is not None:   # smg (docs/gateway.md): no torch, PyPI's wheels only
+                wanted[(where, "smg", s.gateway.smg_version, s.python_version, "none", arch,
+                        s.uv_version, None)] = s.host
     for (where, package, version, python, backend, arch, uv, index) in wanted:
         try:
             ws = build_set(where, package, version, python, backend, arch, uv,

@@ -47,14 +47,16 @@ def host_ca(sandbox: Sandbox, host: SandboxHost, certs: Path) -> Path:
 
 
 def proxy_request(sandbox: Sandbox, host: SandboxHost, certs: Path, path: str, key: str | None = None,
-                  body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
-    """(HTTP status, body) of one request to the host's proxy."""
+                  body: dict | None = None, timeout: float = 120,
+                  port: int = PROXY_PORT) -> tuple[int, str]:
+    """(HTTP status, body) of one request to the host's proxy (or, with ``port``, another of
+    its TLS fronts: a gateway's, docs/gateway.md)."""
     ctx = ssl.create_default_context(cafile=str(host_ca(sandbox, host, certs)))
     ctx.check_hostname = False   # pinned to the host's own certificate instead of a name
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(f"https://{host.ip}:{PROXY_PORT}{path}", headers=headers,
+    req = urllib.request.Request(f"https://{host.ip}:{port}{path}", headers=headers,
                                  data=json.dumps(body).encode() if body is not None else None)
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:

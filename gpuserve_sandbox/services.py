@@ -61,6 +61,17 @@ def ensure_wheelhouse():
                      torch_index=os.environ.get("GPUSERVE_TORCH_INDEX") or None)
 
 
+def ensure_gateway_wheelhouse():
+    """smg's wheel set (docs/gateway.md) beside the engine's, for the sandbox's gateway hosts."""
+    from gpuserve.engine import UV_VERSION
+    from gpuserve.gateway import SMG_PACKAGE, SMG_VERSION
+    from gpuserve.wheelhouse import build_set
+
+    data = sandbox_group_data()
+    return build_set(data["wheelhouse"], SMG_PACKAGE, SMG_VERSION, data["python_version"], "none",
+                     platform.machine(), UV_VERSION, torch_index=None)
+
+
 def publish_sandbox_checkpoints(root: Path) -> str:
     """The tiny checkpoint at the pinned sha (main), and variant 1 tagged ``v1``."""
     publish_tiny_checkpoint(root, SANDBOX_REPO, seed=SANDBOX_SEED, variant=1, branch="v1")

@@ -61,6 +61,8 @@ PROFILES: dict[str, SimProfile] = {
     "cpu": SimProfile("none", "", 0, 0, nvswitch_count=0),
     # a monitor host (group monitor): Prometheus and alertmanager, no GPU, no engine
     "monitor": SimProfile("none", "", 0, 0, nvswitch_count=0),
+    # the fleet gateway (docs/gateway.md): no GPU, serves no model, runs smg
+    "gateway": SimProfile("none", "", 0, 0, nvswitch_count=0),
 }
 
 

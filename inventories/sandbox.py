@@ -12,3 +12,4 @@ blackwell_x4 = group("blackwell_x4")
 mi355x_x4 = group("mi355x_x4")
 cpu = group("cpu")
 monitor = group("monitor")   # Prometheus and alertmanager (docs/monitoring.md)
+gateway = group("gateway")   # the fleet gateway (no GPU): `gpuserve sandbox up --profile gateway`

@@ -22,9 +22,10 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, proxy_conf, rollout
+from gpuserve import api_keys, gateway, proxy_conf, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
+from gpuserve.layers.context import all_settings
 from gpuserve.service import secrets_env_path
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -101,7 +102,8 @@ def proxy(settings: HostSettings) -> None:
                        src=StringIO(proxy_conf.common_conf()),
                        dest="/etc/nginx/conf.d/gpuserve-common.conf", user="root", group="root",
                        mode="644")
-    tls = _tls(settings)
+    tls = tls_files(settings)
+    gateways = gateway.addresses(all_settings())   # docs/gateway.md: only they reach the client routes
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
                          src=StringIO(proxy_conf.tls_conf(f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key")),
                          dest=f"{NGINX_DIR}/tls.conf", user="root", group="root", mode="644")
@@ -138,7 +140,8 @@ def proxy(settings: HostSettings) -> None:
                 engine_host="127.0.0.1" if dep.serve_host in ("0.0.0.0", "::") else dep.serve_host,
                 engine_port=dep.serve_port, drain_flag=rollout.drain_flag(dep.name),
                 read_timeout_s=max(600, dep.ready_timeout_s),
-                operator_networks=settings.proxy_operator_networks, limits=limits)),
+                operator_networks=settings.proxy_operator_networks, limits=limits,
+                gateways=gateways)),
             dest=conf_path(dep.name), user="root", group="root", mode="644")
         changed += [keys, op_keys, conf]
     # a crashed nginx (kill -9 of the master) is restarted by its drop-in; a stopped one here
@@ -150,7 +153,7 @@ def proxy(settings: HostSettings) -> None:
                  commands=["nginx -t -q", RELOAD_AND_WAIT], _if=any_changed(*changed))
 
 
-def _tls(settings: HostSettings) -> list:
+def tls_files(settings: HostSettings) -> list:
     crt, key = f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key"
     if settings.proxy_tls_cert_file:
         return [
@@ -169,4 +172,9 @@ def _tls(settings: HostSettings) -> list:
         name="Self-signed TLS certificate (set proxy_tls_cert_file for a real one)",
         commands=[f"umask 077; openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "
                   f"'/CN={host.name}' -addext 'subjectAltName={','.join(names)}' "
+                  # a leaf, not a CA: rustls (smg, the gateway) refuses a CA as a server's
+                  # certificate (CaUsedAsEndEntity), and openssl's default makes one
+                  "-addext 'basicConstraints=critical,CA:FALSE' "
+                  "-addext 'keyUsage=critical,digitalSignature,keyEncipherment' "
+                  "-addext 'extendedKeyUsage=serverAuth' "
                   f"-keyout {key} -out {crt} 2>/dev/null", f"chmod 644 {crt}"])]

@@ -171,11 +171,12 @@ def test_a_deployment_named_after_a_file_the_proxy_writes_for_itself_is_refused(
 
 
 def test_the_proxy_files_a_deployment_could_collide_with_are_the_ones_listed():
-    # every name conf.d/gpuserve-<x>.conf the proxy layer writes for itself is in OWN_NAMES
+    # every name conf.d/gpuserve-<x>.conf the proxy layer (or the gateway's) writes for itself
+    # is in OWN_NAMES
+    from gpuserve import gateway
     from gpuserve.layers import proxy as layer
 
-    with open(layer.__file__) as fh:
-        source = fh.read()
+    source = "".join(open(m.__file__).read() for m in (layer, gateway))
     own = set(re.findall(r"/etc/nginx/conf\.d/gpuserve-([a-z0-9_-]+)\.conf", source))
     assert own == set(proxy_conf.OWN_NAMES)
 

