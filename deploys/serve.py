@@ -4,7 +4,9 @@
 
 The whole inventory is validated before any host is touched. A host that serves nothing yet is
 started and gated; a host that is serving keeps serving its release while the new one is staged
-beside it (roll it out with deploys/upgrade.py). Idempotent: a second run reports no changes.
+beside it (roll it out with deploys/upgrade.py). A deployment the group data no longer names is
+drained, stopped and removed before the planned ones start (docs/removal.md). Idempotent: a
+second run reports no changes.
 """
 
 from gpuserve.layers.base import base_layout
@@ -12,6 +14,7 @@ from gpuserve.layers.context import host_settings
 from gpuserve.layers.engine import engine
 from gpuserve.layers.gpu_stack import gpu_stack
 from gpuserve.layers.proxy import proxy
+from gpuserve.layers.removal import removal
 from gpuserve.layers.service import service
 from gpuserve.layers.weights import weights
 from gpuserve.service import desired_releases
@@ -22,5 +25,6 @@ base_layout(settings.nvme_path, [d.name for d in settings.deployments])
 gpu_stack()
 spec = engine(settings)
 weights(settings)
-service(settings, desired_releases(settings, spec))
+removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
+service(settings, desired_releases(settings, spec), removed=removed)
 proxy(settings)

