@@ -26,5 +26,5 @@ gpu_stack()
 spec = engine(settings)
 weights(settings)
 removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
-service(settings, desired_releases(settings, spec), removed=removed)
-proxy(settings)
+service(settings, desired_releases(settings, spec), removed=removed.releases)
+proxy(settings, sites_removed=removed.proxy_sites)

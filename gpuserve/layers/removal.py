@@ -37,9 +37,19 @@ def footprint(settings: HostSettings) -> plan.Footprint:
     return plan.parse_footprint(lines, settings.nvme_path)
 
 
+@dataclasses.dataclass(frozen=True)
+class Removed:
+    releases: list[Release]     # of the removed deployments: the service layer's retention
+    proxy_sites: bool           # a proxy site or key went: the proxy layer reloads nginx
+
+
 @deploy("Removal of deployments no longer planned")
-def removal(settings: HostSettings) -> list[Release]:
-    """Remove the deployments the plan no longer names; returns their releases (for retention)."""
+def removal(settings: HostSettings) -> Removed:
+    """Remove the deployments the plan no longer names.
+
+    With the proxy on, nginx is reloaded by the proxy layer once the planned sites are written
+    (gpuserve-common.conf alone, without a site, does not load); until then the running nginx
+    still has the old site, whose engine is stopped, so its /health is not 200 either."""
     found = footprint(settings)
     gone = plan.leftovers(found, [d.name for d in settings.deployments])
     records: list[Release] = []
@@ -47,8 +57,9 @@ def removal(settings: HostSettings) -> list[Release]:
         logger.info(f"    [{host.name}] {r.name} is no longer planned: " + "; ".join(r.describe()))
         records += host.get_fact(ReleaseRecords, deployment=r.name).values()
         _remove(settings, r)
-    _after(found, gone, [])
-    return records
+    sites = any(r.nginx_changed for r in gone)
+    _after(found, gone, [], reload_nginx=sites and not settings.proxy)
+    return Removed(records, sites and settings.proxy)
 
 
 @deploy("Decommission")
@@ -63,7 +74,7 @@ def decommission(settings: HostSettings) -> None:
     for path in rest:
         logger.info(f"    [{host.name}] decommission: remove {path}")
         _remove_path(path, f"gpuserve: remove {path}")
-    _after(found, gone, rest)
+    _after(found, gone, rest, reload_nginx=True)
     if found.user:
         server.user(name=f"gpuserve: remove the service user {layout.SERVICE_USER}",
                     user=layout.SERVICE_USER, present=False)
@@ -94,8 +105,9 @@ def _remove_path(path: str, name: str) -> None:
         files.directory(name=name, path=path, present=False)
 
 
-def _after(found: plan.Footprint, gone: list[plan.Removal], host_paths) -> None:
-    """systemd forgets removed units; nginx drops removed sites (when it runs)."""
+def _after(found: plan.Footprint, gone: list[plan.Removal], host_paths, *, reload_nginx: bool) -> None:
+    """systemd forgets removed units; nginx drops removed sites (when it runs, and
+    ``reload_nginx``: else the proxy layer reloads it)."""
     units = [r for r in gone if plan.unit_path(r.name) in r.paths]
     if units or plan.NGINX_DROPIN in host_paths:
         server.shell(name="Reload systemd (units removed)",
@@ -103,15 +115,16 @@ def _after(found: plan.Footprint, gone: list[plan.Removal], host_paths) -> None:
                      + [f"systemctl reset-failed {layout.unit_name(r.name)} 2>/dev/null || true"
                         for r in units])
     nginx = any(r.nginx_changed for r in gone) or any(plan.is_nginx_path(p) for p in host_paths)
-    if nginx and found.nginx_active:
+    if nginx and reload_nginx and found.nginx_active:
         server.shell(name="Reload nginx (gpuserve sites removed)",
                      commands=["nginx -t -q", RELOAD_AND_WAIT])
 
 
-def _drain(state, h, settings: HostSettings, r: plan.Removal) -> None:
+def _drain(state, host, settings: HostSettings, r: plan.Removal) -> None:  # noqa: A002 (pyinfra's names)
     """rotation.take_out and wait_drained, for a deployment the settings no longer describe: its
     address comes from its release on the host, and it is behind the proxy when its site is there
-    (even if the proxy is now off)."""
+    (even if the proxy is now off). pyinfra passes ``state`` and ``host`` by these names."""
+    h = host
     address = r.engine_address or ("127.0.0.1", 0)
     gone = dataclasses.replace(settings.deployments[0], name=r.name, serve_host=address[0],
                                serve_port=address[1])
