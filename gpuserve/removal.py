@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
-from gpuserve import layout, proxy_conf
+from gpuserve import layout, proxy_conf, rollout
 
 # the first line of templates/gpuserve.service.j2
 UNIT_MARKER = "# Managed by gpuserve (pyinfra): do not edit here, change group_data and converge."
@@ -220,6 +220,22 @@ class Removal:
     def nginx_changed(self) -> bool:
         return any(is_nginx_path(p) for p in self.paths)
 
+    @property
+    def behind_proxy(self) -> bool:
+        return proxy_site(self.name) in self.paths
+
+    @property
+    def drain_flag(self) -> str | None:
+        """The flag the drain creates (gpuserve.rollout.drain_flag) when the deployment is behind
+        the proxy: it is made during the run, after the footprint was read, so it is removed by
+        name once the engine is stopped (the proxy's /health answers 503 until then)."""
+        return rollout.drain_flag(self.name) if self.drain and self.behind_proxy else None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The paths removed after the stop (the drain flag apart, when the drain makes it)."""
+        return tuple(p for p in self.paths if p != self.drain_flag)
+
     def describe(self) -> list[str]:
         steps = []
         if self.drain:
@@ -228,7 +244,9 @@ class Removal:
             steps.append(f"{layout.unit_name(self.name)} stopped")
         if self.disable:
             steps.append("disabled")
-        steps += [f"remove {p}" for p in self.paths]
+        if self.drain_flag:
+            steps.append(f"remove {self.drain_flag}")
+        steps += [f"remove {p}" for p in self.files]
         return steps
 
 

@@ -94,7 +94,9 @@ def _remove(settings: HostSettings, r: plan.Removal) -> None:
         # stopping drains what still runs (SIGTERM: in-flight requests get shutdown_timeout_s)
         systemd.service(name=f"{r.name}: stop and disable {unit}", service=unit,
                         running=False if r.stop else None, enabled=False if r.disable else None)
-    for path in r.paths:
+    if r.drain_flag:   # made by the drain above, after the facts were read: removed by name
+        server.shell(name=f"{r.name}: remove {r.drain_flag}", commands=[f"rm -f {r.drain_flag}"])
+    for path in r.files:
         _remove_path(path, f"{r.name}: remove {path}")
 
 
@@ -128,8 +130,7 @@ def _drain(state, host, settings: HostSettings, r: plan.Removal) -> None:  # noq
     address = r.engine_address or ("127.0.0.1", 0)
     gone = dataclasses.replace(settings.deployments[0], name=r.name, serve_host=address[0],
                                serve_port=address[1])
-    behind_proxy = plan.proxy_site(r.name) in r.paths
-    s = dataclasses.replace(settings, deployments=(*settings.deployments, gone), proxy=behind_proxy)
+    s = dataclasses.replace(settings, deployments=(*settings.deployments, gone), proxy=r.behind_proxy)
     rotation.take_out(h, s, r.name)
     if r.engine_address:
         rotation.wait_drained(h, s, r.name)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuserve import layout, proxy_conf, removal
+from gpuserve import layout, proxy_conf, removal, rollout
 from gpuserve.releases import Release, unreferenced
 
 NVME = "/srv/nvme"
@@ -75,11 +75,20 @@ def test_leftovers_are_what_the_plan_does_not_keep():
     r = gone[0]
     assert r.drain and r.stop and r.disable and r.nginx_changed
     assert r.engine_address == ("::1", 8001)
+    # the drain makes its flag during the run (the footprint cannot list it): removed by name
+    assert r.drain_flag == "/etc/nginx/gpuserve/minimax.drain" == rollout.drain_flag("minimax")
     assert r.describe() == [
         "out of rotation, drained", "gpuserve-minimax.service stopped", "disabled",
+        "remove /etc/nginx/gpuserve/minimax.drain",
         "remove /etc/nginx/conf.d/gpuserve-minimax.conf",
         "remove /etc/systemd/system/gpuserve-minimax.service", "remove /etc/gpuserve/minimax"]
     assert removal.leftovers(fp, ["fast", "minimax"]) == []
+    # a flag left by a killed run is in the footprint: removed once, by name, after the stop
+    flagged = removal.parse_footprint(["ledger x", "state x active enabled",
+                                       "path x /etc/nginx/conf.d/gpuserve-x.conf",
+                                       "path x /etc/nginx/gpuserve/x.drain"], NVME)
+    (x,) = removal.leftovers(flagged, [])
+    assert x.drain_flag == "/etc/nginx/gpuserve/x.drain" and x.drain_flag not in x.files
 
 
 def test_a_stopped_leftover_is_not_drained_and_a_failed_one_not_stopped():
@@ -87,6 +96,7 @@ def test_a_stopped_leftover_is_not_drained_and_a_failed_one_not_stopped():
                                         "ledger b", "state b activating enabled"), NVME)
     a, b = removal.leftovers(fp, [])
     assert (a.drain, a.stop, a.disable) == (False, False, False)
+    assert a.drain_flag is None and b.drain_flag is None   # no drain, or no proxy site: no flag
     # still loading: stopped (nothing is in flight on an engine that is not ready) but not drained
     assert (b.drain, b.stop, b.disable) == (False, True, True)
 
@@ -116,7 +126,8 @@ def test_decommission_removes_top_directories_once():
 def test_decommission_is_refused_naming_every_host_without_the_opt_in():
     assert removal.refused_hosts({"a": True, "b": True}) is None
     msg = removal.refused_hosts({"a": True, "b": False, "c": False})
-    assert "b, c do not set decommission = True" in msg and "a" not in msg.split("refused:")[1][:6]
+    assert msg.startswith("decommission refused: b, c do not set decommission = True.")
+    assert removal.refused_hosts({"a": False}).startswith("decommission refused: a does not set")
     assert "nothing was touched" in msg
 
 
