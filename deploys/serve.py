@@ -6,7 +6,9 @@ The whole inventory is validated before any host is touched. A host that serves 
 started and gated; a host that is serving keeps serving its release while the new one is staged
 beside it (roll it out with deploys/upgrade.py). Likewise a host that is serving never gets a new
 GPU stack here and is never rebooted: its stack change waits for deploys/upgrade.py, which moves
-hosts max_unavailable at a time. Idempotent: a second run reports no changes.
+hosts max_unavailable at a time. A deployment the group data no longer names is drained, stopped
+and removed before the planned ones start (docs/removal.md). Idempotent: a second run reports no
+changes.
 """
 
 from pyinfra import host, logger
@@ -18,6 +20,7 @@ from gpuserve.layers.gateway import gateway
 from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
 from gpuserve.layers.monitoring import monitor, monitor_hosts, node_exporter
 from gpuserve.layers.proxy import proxy
+from gpuserve.layers.removal import removal
 from gpuserve.layers.service import service
 from gpuserve.layers.watchdog import watchdog
 from gpuserve.layers.weights import weights
@@ -34,8 +37,9 @@ if settings.serves:   # False on a host of role groups only (gateway, monitor): 
     gpu_stack(disruptive=pending is None)
     spec = engine(settings)
     weights(settings)
-    service(settings, desired_releases(settings, spec))
-    proxy(settings)
+    removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
+    service(settings, desired_releases(settings, spec), removed=removed.releases)
+    proxy(settings, sites_removed=removed.proxy_sites)
 
 # --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy
 gateway(settings)

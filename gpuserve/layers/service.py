@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from io import StringIO
 from pathlib import Path
+from typing import Sequence
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -22,7 +23,7 @@ from gpuserve import api_keys, layout, recipes, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.facts.service import Deployment, DeploymentState, ReleaseRecords
-from gpuserve.releases import Ledger, unreferenced
+from gpuserve.releases import Ledger, Release, unreferenced
 from gpuserve.values import is_loopback
 from gpuserve.service import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
                               secrets_env_path, tools_enabled)
@@ -54,10 +55,13 @@ def _secrets_content(settings: HostSettings, dep: DeploymentSettings, serve: rec
 
 
 @deploy("Service")
-def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, start: bool = True) -> None:
+def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, start: bool = True,
+            removed: Sequence[Release] = ()) -> None:
     """Install each deployment's release, unit and secrets; start and gate where that is safe.
 
     ``start=False`` only stages (upgrade and rollback switch releases themselves, host by host).
+    ``removed``: the releases of deployments the removal layer took off the host, whose engine
+    envs and checkpoints retention collects unless a kept release uses them.
     """
     apt.packages(name="curl for the readiness checks", packages=["curl"])
     files.directory(name="gpuserve tools", path=f"{layout.OPT_DIR}/bin", user="root", group="root",
@@ -65,7 +69,7 @@ def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, sta
     files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
     pointers = {dep.name: _deployment(settings, dep, releases[dep.name], start)
                 for dep in settings.deployments}
-    _retention(settings, releases, pointers)
+    _retention(settings, releases, pointers, removed)
 
 
 def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: RenderedRelease,
@@ -163,10 +167,12 @@ def gate_after_reboot(settings: HostSettings, rebooted) -> None:
 
 
 def _retention(settings: HostSettings, releases: dict[str, RenderedRelease],
-               pointers: dict[str, tuple[str | None, str | None]]) -> None:
+               pointers: dict[str, tuple[str | None, str | None]],
+               removed: Sequence[Release] = ()) -> None:
     """Keep current, previous and keep_releases - 1 more per deployment (and the release this run
-    wants); remove the rest with the engine envs and checkpoints no kept release uses."""
-    collected, kept = [], [r.release for r in releases.values()]
+    wants); remove the rest, and the releases of removed deployments, with the engine envs and
+    checkpoints no kept release uses."""
+    collected, kept = list(removed), [r.release for r in releases.values()]
     for dep in settings.deployments:
         records = host.get_fact(ReleaseRecords, deployment=dep.name)
         state = host.get_fact(Deployment, deployment=dep.name,

@@ -1,0 +1,25 @@
+"""Remove gpuserve from hosts: drain, stop, disable, and remove its units, files, proxy sites,
+keys, engine envs and weights. Opt-in per host: only hosts whose data says decommission = True.
+
+    pyinfra inventories/prod.py deploys/decommission.py --limit <host> --dry   # what would go
+    pyinfra inventories/prod.py deploys/decommission.py --limit <host>
+
+A run that includes a host without decommission = True is refused before any host is touched.
+Packages (nginx, curl, the GPU driver stack) stay: they are Debian's or the GPU stack's, not
+gpuserve's files (docs/removal.md). Running it again finds nothing to remove.
+"""
+
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.context import ctx_state
+
+from gpuserve.layers.context import all_settings, host_settings
+from gpuserve.layers.removal import decommission
+from gpuserve.removal import refused_hosts
+
+state = ctx_state.get()
+refused = refused_hosts({h.name: s.decommission for h in state.inventory if h in state.active_hosts
+                         for s in [all_settings()[h.name]]})
+if refused:
+    raise PyinfraError(refused)
+
+decommission(host_settings())

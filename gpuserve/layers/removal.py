@@ -1,0 +1,137 @@
+"""Removal layer: take off a host what gpuserve put there and the plan no longer keeps.
+
+``removal`` (deploys/serve.py): every deployment the host's group data no longer names leaves
+rotation, drains (gpuserve.layers.rotation), stops, is disabled, and loses its unit, release
+ledger (releases, secrets), compile caches, proxy site and keys. It returns the releases it
+removed, so the service layer's retention collects the engine envs and checkpoints that no kept
+release uses.
+
+``decommission`` (deploys/decommission.py): every deployment goes that way, then gpuserve's
+host-wide files (gpuserve.removal.HOST_PATHS, the NVMe root) and its service user.
+
+What exists is read by one fact (gpuserve.facts.removal.Footprint), so ``--dry`` lists each step
+and a second run finds nothing to do. Nothing gpuserve did not make is touched
+(gpuserve.removal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.operations import files, python, server, systemd
+
+from gpuserve import layout
+from gpuserve import removal as plan
+from gpuserve.config import HostSettings
+from gpuserve.facts.removal import Footprint
+from gpuserve.facts.service import ReleaseRecords
+from gpuserve.layers import rotation
+from gpuserve.layers.proxy import RELOAD_AND_WAIT
+from gpuserve.releases import Release
+
+
+def footprint(settings: HostSettings) -> plan.Footprint:
+    lines = host.get_fact(Footprint, nvme_path=settings.nvme_path) or []
+    return plan.parse_footprint(lines, settings.nvme_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Removed:
+    releases: list[Release]     # of the removed deployments: the service layer's retention
+    proxy_sites: bool           # a proxy site or key went: the proxy layer reloads nginx
+
+
+@deploy("Removal of deployments no longer planned")
+def removal(settings: HostSettings) -> Removed:
+    """Remove the deployments the plan no longer names.
+
+    With the proxy on, nginx is reloaded by the proxy layer once the planned sites are written
+    (gpuserve-common.conf alone, without a site, does not load); until then the running nginx
+    still has the old site, whose engine is stopped, so its /health is not 200 either."""
+    found = footprint(settings)
+    gone = plan.leftovers(found, [d.name for d in settings.deployments])
+    records: list[Release] = []
+    for r in gone:
+        logger.info(f"    [{host.name}] {r.name} is no longer planned: " + "; ".join(r.describe()))
+        records += host.get_fact(ReleaseRecords, deployment=r.name).values()
+        _remove(settings, r)
+    sites = any(r.nginx_changed for r in gone)
+    _after(found, gone, [], reload_nginx=sites and not settings.proxy)
+    return Removed(records, sites and settings.proxy)
+
+
+@deploy("Decommission")
+def decommission(settings: HostSettings) -> None:
+    """Remove every deployment, then everything else gpuserve made on the host."""
+    found = footprint(settings)
+    gone = plan.leftovers(found, [])
+    rest = plan.decommission_paths(found)
+    for r in gone:
+        logger.info(f"    [{host.name}] decommission {r.name}: " + "; ".join(r.describe()))
+        _remove(settings, r)
+    for path in rest:
+        logger.info(f"    [{host.name}] decommission: remove {path}")
+        _remove_path(path, f"gpuserve: remove {path}")
+    _after(found, gone, rest, reload_nginx=True)
+    if found.user:
+        server.user(name=f"gpuserve: remove the service user {layout.SERVICE_USER}",
+                    user=layout.SERVICE_USER, present=False)
+    if found.group:
+        server.group(name=f"gpuserve: remove the service group {layout.SERVICE_GROUP}",
+                     group=layout.SERVICE_GROUP, present=False)
+    if found.empty:
+        logger.info(f"    [{host.name}] nothing of gpuserve's is left on this host")
+
+
+def _remove(settings: HostSettings, r: plan.Removal) -> None:
+    unit = layout.unit_name(r.name)
+    if r.drain:
+        python.call(name=f"{r.name}: out of rotation, wait for its running requests",
+                    function=_drain, settings=settings, r=r)
+    if r.stop or r.disable:
+        # stopping drains what still runs (SIGTERM: in-flight requests get shutdown_timeout_s)
+        systemd.service(name=f"{r.name}: stop and disable {unit}", service=unit,
+                        running=False if r.stop else None, enabled=False if r.disable else None)
+    if r.drain_flag:   # made by the drain above, after the facts were read: removed by name
+        server.shell(name=f"{r.name}: remove {r.drain_flag}", commands=[f"rm -f {r.drain_flag}"])
+    for path in r.files:
+        _remove_path(path, f"{r.name}: remove {path}")
+
+
+def _remove_path(path: str, name: str) -> None:
+    if plan.is_file(path):
+        files.file(name=name, path=path, present=False)
+    else:
+        files.directory(name=name, path=path, present=False)
+
+
+def _after(found: plan.Footprint, gone: list[plan.Removal], host_paths, *, reload_nginx: bool) -> None:
+    """systemd forgets removed units; nginx drops removed sites (when it runs, and
+    ``reload_nginx``: else the proxy layer reloads it)."""
+    units = [r for r in gone if plan.unit_path(r.name) in r.paths]
+    if units or plan.NGINX_DROPIN in host_paths:
+        server.shell(name="Reload systemd (units removed)",
+                     commands=["systemctl daemon-reload"]
+                     + [f"systemctl reset-failed {layout.unit_name(r.name)} 2>/dev/null || true"
+                        for r in units])
+    nginx = any(r.nginx_changed for r in gone) or any(plan.is_nginx_path(p) for p in host_paths)
+    if nginx and reload_nginx and found.nginx_active:
+        server.shell(name="Reload nginx (gpuserve sites removed)",
+                     commands=["nginx -t -q", RELOAD_AND_WAIT])
+
+
+def _drain(state, host, settings: HostSettings, r: plan.Removal) -> None:  # noqa: A002 (pyinfra's names)
+    """rotation.take_out and wait_drained, for a deployment the settings no longer describe: its
+    address comes from its release on the host, and it is behind the proxy when its site is there
+    (even if the proxy is now off). pyinfra passes ``state`` and ``host`` by these names."""
+    h = host
+    address = r.engine_address or ("127.0.0.1", 0)
+    gone = dataclasses.replace(settings.deployments[0], name=r.name, serve_host=address[0],
+                               serve_port=address[1])
+    s = dataclasses.replace(settings, deployments=(*settings.deployments, gone), proxy=r.behind_proxy)
+    rotation.take_out(h, s, r.name)
+    if r.engine_address:
+        rotation.wait_drained(h, s, r.name)
+    logger.info(f"    [{h.name}] {r.name}: drained, stopping it")

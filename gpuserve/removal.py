@@ -1,0 +1,292 @@
+"""Removal: what gpuserve put on a host that the plan no longer keeps (pure: no host access).
+
+A converge (deploys/serve.py) removes every deployment the host's group data no longer names;
+deploys/decommission.py removes all of gpuserve from a host. Both start from the host's
+*footprint*, read by one fact (gpuserve.facts.removal.Footprint, whose command is
+``footprint_command`` below), and only ever remove what gpuserve made:
+
+- a deployment is gpuserve's when ``/etc/gpuserve/<name>/releases`` (its release ledger) exists,
+  or when ``/etc/systemd/system/gpuserve-<name>.service`` starts with the line gpuserve's unit
+  template writes (UNIT_MARKER) and serves ``/etc/gpuserve/<name>/current``. Another unit named
+  gpuserve-*.service (a gateway's, a watchdog's, anybody's) is not a deployment and is left alone;
+- its paths are the ones gpuserve.layout, the proxy layer and the service layer name for it,
+  and only those of them that exist are listed.
+
+The order of a deployment's removal matters for a run killed half-way: the ledger directory
+goes last, so a rerun still finds the deployment and finishes.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+from urllib.parse import urlsplit
+
+from gpuserve import layout, proxy_conf, rollout
+
+# the first line of templates/gpuserve.service.j2
+UNIT_MARKER = "# Managed by gpuserve (pyinfra): do not edit here, change group_data and converge."
+NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")   # gpuserve.config.DEPLOYMENT_NAME
+SYSTEMD_DIR = "/etc/systemd/system"
+USER_COMMENT = "gpuserve inference engine"   # gpuserve.layers.base gives the service user this
+NGINX_CONF_D = "/etc/nginx/conf.d"
+NGINX_DROPIN = "/etc/systemd/system/nginx.service.d/gpuserve.conf"   # gpuserve.layers.proxy.DROPIN
+KEY_SUFFIXES = (".keys", ".operator-keys", ".upstream-auth", ".drain")  # the proxy's per-deployment files
+# host-wide directories and files of gpuserve besides the deployments' (deploys/decommission.py)
+HOST_PATHS = (
+    f"{NGINX_CONF_D}/gpuserve-common.conf",
+    proxy_conf.NGINX_DIR,                 # TLS pair, keys, drain flags
+    NGINX_DROPIN,
+    layout.ETC_DIR,                       # ledgers, secrets
+    layout.OPT_DIR,                       # engine envs, uv, wheels, the readiness gate
+    layout.SERVICE_HOME,
+    "/var/lib/gpuserve-rollout",          # the rollout lock (gpuserve.rollout.LOCK_FILE)
+    "/var/log/gpuserve",                  # engine build logs (gpuserve.engine.LOG_DIR)
+    "/var/cache/gpuserve",                # GPU-stack downloads
+)
+
+
+def unit_path(name: str) -> str:
+    return posixpath.join(SYSTEMD_DIR, layout.unit_name(name))
+
+
+def proxy_site(name: str) -> str:
+    return posixpath.join(NGINX_CONF_D, f"gpuserve-{name}.conf")
+
+
+def deployment_paths(name: str, nvme_path: str) -> tuple[str, ...]:
+    """Every path gpuserve makes for one deployment, in the order removal takes them: the proxy
+    site and keys, the compile caches, the unit file, and the ledger (releases, secrets) last."""
+    if not NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a deployment name gpuserve makes")
+    return _deployment_paths(name, nvme_path)
+
+
+def _deployment_paths(name: str, nvme_path: str) -> tuple[str, ...]:
+    proxy = () if name in proxy_conf.OWN_NAMES else (
+        proxy_site(name), *(f"{proxy_conf.NGINX_DIR}/{name}{s}" for s in KEY_SUFFIXES))
+    return (*proxy, layout.cache_dir(nvme_path, name), unit_path(name), layout.deployment_dir(name))
+
+
+def host_paths(nvme_path: str) -> tuple[str, ...]:
+    """Everything of gpuserve's on a host that is not one deployment's (decommission)."""
+    return (*HOST_PATHS, layout.gpuserve_root(nvme_path))
+
+
+def is_nginx_path(path: str) -> bool:
+    return path.startswith(("/etc/nginx/", NGINX_DROPIN))
+
+
+# --- the footprint fact's command and its output ------------------------------------------------
+
+def footprint_command(nvme_path: str) -> str:
+    """One shell command that prints what gpuserve has on the host (parse_footprint reads it)."""
+    marker = shlex.quote(UNIT_MARKER)
+    candidates = " ".join(shlex.quote(p) for p in host_paths(nvme_path))
+    # the shell loop's own $n stands for the name (deployment names need no quoting)
+    per_deployment = " ".join(_deployment_paths("$n", nvme_path))
+    return (
+        "names=; "
+        f"for d in {layout.ETC_DIR}/*/releases; do [ -d \"$d\" ] || continue; "
+        "n=${d%/releases}; n=${n##*/}; case $n in *[!a-z0-9_-]*) continue;; esac; names=\"$names $n\"; echo \"ledger $n\"; done; "
+        f"for u in {SYSTEMD_DIR}/gpuserve-*.service; do [ -f \"$u\" ] || continue; "
+        "n=${u##*/gpuserve-}; n=${n%.service}; case $n in *[!a-z0-9_-]*) continue;; esac; "
+        f"head -n1 \"$u\" | grep -qxF {marker} && grep -qF \"{layout.ETC_DIR}/$n/current\" \"$u\" "
+        "&& { names=\"$names $n\"; echo \"unit $n\"; }; done; "
+        "for n in $(echo $names | tr ' ' '\\n' | sort -u); do "
+        f"u=gpuserve-$n.service; "
+        "echo \"state $n $(systemctl show -p ActiveState --value $u 2>/dev/null || true) "
+        "$(systemctl is-enabled $u 2>/dev/null | head -n1)\"; "
+        f"echo \"url $n $(sed -n 's/^url=//p' {layout.ETC_DIR}/$n/current/wait-ready 2>/dev/null | head -n1)\"; "
+        f"for p in {per_deployment}; do "
+        "{ [ -e \"$p\" ] || [ -L \"$p\" ]; } && echo \"path $n $p\"; done; done; "
+        f"for p in {candidates}; do {{ [ -e \"$p\" ] || [ -L \"$p\" ]; }} && echo \"host $p\"; done; "
+        "echo \"nginx $(systemctl is-active nginx 2>/dev/null || true)\"; "
+        # the user only when it is the one gpuserve.layers.base made (its comment says so)
+        f"getent passwd {layout.SERVICE_USER} | cut -d: -f5 | grep -qxF {shlex.quote(USER_COMMENT)} "
+        f"&& echo \"user {layout.SERVICE_USER}\"; "
+        f"getent passwd {layout.SERVICE_USER} >/dev/null || echo \"nouser\"; "
+        f"getent group {layout.SERVICE_GROUP} >/dev/null && echo \"group {layout.SERVICE_GROUP}\"; true"
+    )
+
+
+@dataclass(frozen=True)
+class Found:
+    """One deployment gpuserve set up on the host, as it is there now."""
+
+    name: str
+    ledger: bool = False              # /etc/gpuserve/<name>/releases is there
+    unit: bool = False                # gpuserve's unit file for it is there
+    active: str = ""                  # systemd ActiveState ("" when systemd knows no such unit)
+    enabled: str = "-"                # systemctl is-enabled ("-" when it says nothing)
+    health_url: str | None = None     # where the host reaches its engine's /health (its release says)
+    paths: tuple[str, ...] = ()       # the deployment_paths that exist, in removal order
+
+    @property
+    def running(self) -> bool:
+        return self.active in ("active", "activating", "reloading", "deactivating")
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.enabled in ("enabled", "enabled-runtime", "linked", "linked-runtime")
+
+    def engine_address(self) -> tuple[str, int] | None:
+        """(serve_host, serve_port) from its /health URL, for the drain (None: unknown)."""
+        if not self.health_url:
+            return None
+        parts = urlsplit(self.health_url)
+        if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+            return None
+        return parts.hostname, parts.port
+
+
+@dataclass(frozen=True)
+class Footprint:
+    deployments: Mapping[str, Found] = field(default_factory=dict)
+    host_paths: tuple[str, ...] = ()   # the HOST_PATHS (and the NVMe root) that exist
+    nginx_active: bool = False
+    user: bool = False                 # the service user
+    group: bool = False                # the service group
+
+    @property
+    def empty(self) -> bool:
+        return not (self.deployments or self.host_paths or self.user or self.group)
+
+
+def parse_footprint(lines: Iterable[str], nvme_path: str) -> Footprint:
+    """Read footprint_command's output. A name that is not a deployment name gpuserve could have
+    made, or a path that is not one of that deployment's, is ignored (never removed)."""
+    deps: dict[str, dict] = {}
+    host: list[str] = []
+    nginx = user = group = no_user = False
+    allowed_host = set(host_paths(nvme_path))
+    for line in lines:
+        kind, _, rest = line.strip().partition(" ")
+        if kind in ("ledger", "unit", "state", "url", "path"):
+            name, _, value = rest.partition(" ")
+            if not NAME.fullmatch(name):
+                continue
+            d = deps.setdefault(name, {"name": name, "paths": []})
+            if kind in ("ledger", "unit"):
+                d[kind] = True
+            elif kind == "state":
+                active, _, enabled = value.partition(" ")
+                d["active"], d["enabled"] = active, enabled.strip() or "-"
+            elif kind == "url":
+                d["health_url"] = value.strip() or None
+            elif value in deployment_paths(name, nvme_path):
+                d["paths"].append(value)
+        elif kind == "host" and rest in allowed_host:
+            host.append(rest)
+        elif kind == "nginx":
+            nginx = rest.strip() == "active"
+        elif kind == "user":
+            user = True
+        elif kind == "nouser":
+            no_user = True
+        elif kind == "group":
+            group = True
+    found = {}
+    for name, d in sorted(deps.items()):
+        if not (d.get("ledger") or d.get("unit")):
+            continue   # state/url/path lines without a reason to think it is gpuserve's
+        have = set(d.pop("paths"))
+        paths = tuple(p for p in deployment_paths(name, nvme_path) if p in have)
+        found[name] = Found(**d, paths=paths)
+    order = host_paths(nvme_path)
+    # the group goes with gpuserve's user, or alone once that user is gone (a rerun); never
+    # while another user of that name exists
+    return Footprint(found, tuple(p for p in order if p in host), nginx, user,
+                     group and (user or no_user))
+
+
+# --- what goes ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Removal:
+    """What removing one deployment takes on its host, in order."""
+
+    name: str
+    drain: bool                # running: out of rotation, wait for its requests, then stop
+    stop: bool
+    disable: bool
+    paths: tuple[str, ...]     # removed in this order (the ledger last)
+    engine_address: tuple[str, int] | None = None
+
+    @property
+    def nginx_changed(self) -> bool:
+        return any(is_nginx_path(p) for p in self.paths)
+
+    @property
+    def behind_proxy(self) -> bool:
+        return proxy_site(self.name) in self.paths
+
+    @property
+    def drain_flag(self) -> str | None:
+        """The flag the drain creates (gpuserve.rollout.drain_flag) when the deployment is behind
+        the proxy: it is made during the run, after the footprint was read, so it is removed by
+        name once the engine is stopped (the proxy's /health answers 503 until then)."""
+        return rollout.drain_flag(self.name) if self.drain and self.behind_proxy else None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The paths removed after the stop (the drain flag apart, when the drain makes it)."""
+        return tuple(p for p in self.paths if p != self.drain_flag)
+
+    def describe(self) -> list[str]:
+        steps = []
+        if self.drain:
+            steps.append("out of rotation, drained")
+        if self.stop:
+            steps.append(f"{layout.unit_name(self.name)} stopped")
+        if self.disable:
+            steps.append("disabled")
+        if self.drain_flag:
+            steps.append(f"remove {self.drain_flag}")
+        steps += [f"remove {p}" for p in self.files]
+        return steps
+
+
+def removal(found: Found) -> Removal:
+    return Removal(name=found.name, drain=found.running and found.active == "active",
+                   stop=found.running, disable=found.is_enabled, paths=found.paths,
+                   engine_address=found.engine_address())
+
+
+def leftovers(footprint: Footprint, keep: Iterable[str]) -> list[Removal]:
+    """The deployments on the host that the plan does not keep, each with what removing it takes."""
+    kept = set(keep)
+    return [removal(f) for name, f in footprint.deployments.items() if name not in kept]
+
+
+def decommission_paths(footprint: Footprint) -> tuple[str, ...]:
+    """Host-wide paths decommission removes after every deployment's own; a path under one
+    already listed is left to it (removing /opt/gpuserve takes /opt/gpuserve/envs)."""
+    out: list[str] = []
+    for p in footprint.host_paths:
+        if not any(p.startswith(q.rstrip("/") + "/") for q in footprint.host_paths if q != p):
+            out.append(p)
+    return tuple(out)
+
+
+FILE_SUFFIXES = (".conf", ".service", *KEY_SUFFIXES)
+
+
+def is_file(path: str) -> bool:
+    """Whether one of the paths above is a file (else a directory gpuserve made)."""
+    return path.endswith(FILE_SUFFIXES)
+
+
+def refused_hosts(opted_in: Mapping[str, bool]) -> str | None:
+    """Decommission's refusal (None when every host of the run opted in): it names each host
+    without ``decommission = True`` and what to set."""
+    missing = [name for name, ok in opted_in.items() if not ok]
+    if not missing:
+        return None
+    return (f"decommission refused: {', '.join(missing)} "
+            f"{'does' if len(missing) == 1 else 'do'} not set decommission = True. Removing gpuserve "
+            "from a host is opt-in: set decommission = True in that host's data (the inventory or "
+            "its group data), or leave it out of the run (--limit); nothing was touched")

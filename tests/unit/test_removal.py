@@ -1,0 +1,195 @@
+"""The pure part of removal (gpuserve.removal): what is gpuserve's on a host, what goes, in what
+order, and that nothing gpuserve did not make is ever listed. The footprint command itself runs
+against a fake root here (sh, with the paths redirected), so the parser reads real output."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuserve import layout, proxy_conf, removal, rollout
+from gpuserve.releases import Release, unreferenced
+
+NVME = "/srv/nvme"
+
+
+def _lines(*lines: str) -> list[str]:
+    return list(lines)
+
+
+def test_a_deployment_is_found_by_its_ledger_or_its_unit_and_nothing_else():
+    fp = removal.parse_footprint(_lines(
+        "ledger minimax", "state minimax active enabled", "url minimax http://127.0.0.1:8000/health",
+        "unit oldone", "state oldone failed disabled",
+        # state and paths of a name with neither ledger nor unit: not gpuserve's, ignored
+        "state stranger active enabled", "path stranger /etc/gpuserve/stranger",
+        "ledger Bad.Name", "nginx active",
+    ), NVME)
+    assert sorted(fp.deployments) == ["minimax", "oldone"]
+    assert fp.deployments["minimax"].running and fp.deployments["minimax"].is_enabled
+    assert fp.deployments["minimax"].engine_address() == ("127.0.0.1", 8000)
+    assert not fp.deployments["oldone"].running and not fp.deployments["oldone"].is_enabled
+    assert fp.nginx_active
+
+
+def test_only_the_deployments_own_paths_are_kept_and_the_ledger_goes_last():
+    name = "minimax"
+    own = removal.deployment_paths(name, NVME)
+    fp = removal.parse_footprint(_lines(
+        "ledger minimax",
+        *(f"path minimax {p}" for p in reversed(own)),
+        "path minimax /etc/passwd",                         # not one of its paths: ignored
+        f"path minimax {removal.deployment_paths('other', NVME)[0]}",
+    ), NVME)
+    paths = fp.deployments[name].paths
+    assert paths == own
+    assert paths[-1] == layout.deployment_dir(name) and paths[-2] == removal.unit_path(name)
+    assert "/etc/passwd" not in paths
+
+
+def test_deployment_paths_name_the_layout_and_the_proxy_files():
+    paths = removal.deployment_paths("fast", NVME)
+    assert paths == (
+        "/etc/nginx/conf.d/gpuserve-fast.conf",
+        "/etc/nginx/gpuserve/fast.keys", "/etc/nginx/gpuserve/fast.operator-keys",
+        "/etc/nginx/gpuserve/fast.upstream-auth", "/etc/nginx/gpuserve/fast.drain",
+        "/srv/nvme/gpuserve/cache/fast", "/etc/systemd/system/gpuserve-fast.service", "/etc/gpuserve/fast",
+    )
+    # the proxy's shared files are never a deployment's
+    assert all("gpuserve-common.conf" not in p for p in removal.deployment_paths("common", NVME))
+    with pytest.raises(ValueError):
+        removal.deployment_paths("../etc", NVME)
+
+
+def test_leftovers_are_what_the_plan_does_not_keep():
+    fp = removal.parse_footprint(_lines(
+        "ledger minimax", "state minimax active enabled", "url minimax http://[::1]:8001/health",
+        "path minimax /etc/gpuserve/minimax", "path minimax /etc/systemd/system/gpuserve-minimax.service",
+        "path minimax /etc/nginx/conf.d/gpuserve-minimax.conf",
+        "ledger fast", "state fast active enabled",
+    ), NVME)
+    gone = removal.leftovers(fp, ["fast"])
+    assert [r.name for r in gone] == ["minimax"]
+    r = gone[0]
+    assert r.drain and r.stop and r.disable and r.nginx_changed
+    assert r.engine_address == ("::1", 8001)
+    # the drain makes its flag during the run (the footprint cannot list it): removed by name
+    assert r.drain_flag == "/etc/nginx/gpuserve/minimax.drain" == rollout.drain_flag("minimax")
+    assert r.describe() == [
+        "out of rotation, drained", "gpuserve-minimax.service stopped", "disabled",
+        "remove /etc/nginx/gpuserve/minimax.drain",
+        "remove /etc/nginx/conf.d/gpuserve-minimax.conf",
+        "remove /etc/systemd/system/gpuserve-minimax.service", "remove /etc/gpuserve/minimax"]
+    assert removal.leftovers(fp, ["fast", "minimax"]) == []
+    # a flag left by a killed run is in the footprint: removed once, by name, after the stop
+    flagged = removal.parse_footprint(["ledger x", "state x active enabled",
+                                       "path x /etc/nginx/conf.d/gpuserve-x.conf",
+                                       "path x /etc/nginx/gpuserve/x.drain"], NVME)
+    (x,) = removal.leftovers(flagged, [])
+    assert x.drain_flag == "/etc/nginx/gpuserve/x.drain" and x.drain_flag not in x.files
+
+
+def test_a_stopped_leftover_is_not_drained_and_a_failed_one_not_stopped():
+    fp = removal.parse_footprint(_lines("ledger a", "state a inactive disabled",
+                                        "ledger b", "state b activating enabled"), NVME)
+    a, b = removal.leftovers(fp, [])
+    assert (a.drain, a.stop, a.disable) == (False, False, False)
+    assert a.drain_flag is None and b.drain_flag is None   # no drain, or no proxy site: no flag
+    # still loading: stopped (nothing is in flight on an engine that is not ready) but not drained
+    assert (b.drain, b.stop, b.disable) == (False, True, True)
+
+
+def test_the_service_user_goes_only_when_it_is_gpuserves():
+    ours = removal.parse_footprint(_lines("user gpuserve", "group gpuserve"), NVME)
+    assert ours.user and ours.group
+    # a user of that name that gpuserve did not make: neither it nor its group is removed
+    theirs = removal.parse_footprint(_lines("group gpuserve"), NVME)
+    assert not theirs.user and not theirs.group
+    # a rerun after the user went: the group goes too
+    rerun = removal.parse_footprint(_lines("nouser", "group gpuserve"), NVME)
+    assert rerun.group and not rerun.user
+    assert removal.USER_COMMENT in Path("gpuserve/layers/base.py").read_text()
+
+
+def test_decommission_removes_top_directories_once():
+    fp = removal.parse_footprint(_lines(*(f"host {p}" for p in removal.host_paths(NVME)),
+                                        "host /etc/shadow"), NVME)
+    paths = removal.decommission_paths(fp)
+    assert "/etc/shadow" not in paths
+    assert set(paths) == set(removal.host_paths(NVME))
+    assert layout.OPT_DIR in paths and layout.gpuserve_root(NVME) in paths
+    assert all(removal.is_file(p) == p.endswith(".conf") for p in paths)
+
+
+def test_decommission_is_refused_naming_every_host_without_the_opt_in():
+    assert removal.refused_hosts({"a": True, "b": True}) is None
+    msg = removal.refused_hosts({"a": True, "b": False, "c": False})
+    assert msg.startswith("decommission refused: b, c do not set decommission = True.")
+    assert removal.refused_hosts({"a": False}).startswith("decommission refused: a does not set")
+    assert "nothing was touched" in msg
+
+
+def test_the_unit_marker_is_the_templates_first_line():
+    first = Path("templates/gpuserve.service.j2").read_text().splitlines()[0]
+    assert first == removal.UNIT_MARKER
+
+
+def _fake_root(tmp_path: Path) -> Path:
+    """A host's files under tmp_path: two deployments of gpuserve's, and things that are not."""
+    root = tmp_path / "root"
+    for d in ("etc/gpuserve/minimax/releases/r1", "etc/gpuserve/fast/releases",
+              "etc/gpuserve/.staging", "etc/gpuserve/notadeployment", "etc/systemd/system",
+              "etc/nginx/conf.d", "etc/nginx/gpuserve", "srv/nvme/gpuserve/cache/minimax", "opt/gpuserve/envs"):
+        (root / d).mkdir(parents=True)
+    unit = f"{removal.UNIT_MARKER}\nExecStart={root}/etc/gpuserve/minimax/current/launch\n"
+    (root / "etc/systemd/system/gpuserve-minimax.service").write_text(unit)
+    # a unit of the same name pattern that is not a deployment's (a gateway, the operator's own)
+    (root / "etc/systemd/system/gpuserve-smg.service").write_text("[Unit]\nDescription=not ours\n")
+    (root / "etc/nginx/conf.d/gpuserve-minimax.conf").write_text("server {}\n")
+    (root / "etc/nginx/conf.d/gpuserve-common.conf").write_text("\n")
+    (root / "etc/nginx/gpuserve/minimax.keys").write_text("x\n")
+    (root / "etc/gpuserve/minimax/current").symlink_to("releases/r1")
+    (root / "etc/gpuserve/minimax/releases/r1/wait-ready").write_text(
+        "#!/bin/sh\nurl=http://127.0.0.1:8000/health\n")
+    return root
+
+
+def test_the_footprint_command_finds_only_gpuserves_deployments(tmp_path):
+    root = _fake_root(tmp_path)
+    nvme = f"{root}/srv/nvme"
+    command = removal.footprint_command(nvme)
+    for path in ("/etc/gpuserve", "/etc/systemd/system", "/etc/nginx", "/opt/gpuserve"):
+        command = command.replace(path, f"{root}{path}")
+    # systemctl and getent answer for an empty host here
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin"}).stdout
+    lines = out.splitlines()
+    assert "ledger minimax" in lines and "ledger fast" in lines and "unit minimax" in lines
+    assert not any("smg" in line or "notadeployment" in line or ".staging" in line for line in lines)
+    assert f"url minimax http://127.0.0.1:8000/health" in lines
+    # parse against the redirected paths: rewrite them back, as on a real host
+    real = [line.replace(str(root), "") for line in lines]
+    fp = removal.parse_footprint(real, "/srv/nvme")
+    assert sorted(fp.deployments) == ["fast", "minimax"]
+    assert fp.deployments["minimax"].paths == (
+        "/etc/nginx/conf.d/gpuserve-minimax.conf", "/etc/nginx/gpuserve/minimax.keys",
+        "/srv/nvme/gpuserve/cache/minimax", "/etc/systemd/system/gpuserve-minimax.service",
+        "/etc/gpuserve/minimax")
+    assert fp.deployments["fast"].paths == ("/etc/gpuserve/fast",)
+    assert "/etc/nginx/conf.d/gpuserve-common.conf" in fp.host_paths
+    assert "/opt/gpuserve" in fp.host_paths
+
+
+def test_retention_after_a_rename_keeps_what_the_new_deployment_uses():
+    """The removed deployment's releases are collected beside the kept ones (layers/service.py):
+    a rename to the same engine and checkpoint removes neither."""
+    def rel(dep, env, ckpt):
+        return Release(dep, {"name": "vllm", "version": "1", "env": env}, {"sha": "0" * 40, "path": ckpt}, "x")
+    old = [rel("minimax", "/opt/gpuserve/envs/e1", "/srv/nvme/gpuserve/models/m/a"),
+           rel("minimax", "/opt/gpuserve/envs/e0", "/srv/nvme/gpuserve/models/m/0")]
+    new = [rel("fast", "/opt/gpuserve/envs/e1", "/srv/nvme/gpuserve/models/m/a")]
+    envs, ckpts = unreferenced(old, new)
+    assert envs == ["/opt/gpuserve/envs/e0"] and ckpts == ["/srv/nvme/gpuserve/models/m/0"]
+    assert proxy_conf.NGINX_DIR == "/etc/nginx/gpuserve"
