@@ -15,6 +15,8 @@ from gpuserve_sandbox import inventory
 from gpuserve_sandbox.hosts import LOGIN_USER
 from gpuserve_sandbox.util import SandboxError
 
+from .helpers import make_inventory, one_problem
+
 SECRET = "sk-not-in-any-command-0123456789"
 
 
@@ -114,3 +116,22 @@ def test_a_root_login_uploads_straight_into_roots_staging_directory():
 def test_other_escalations_are_refused_by_name():
     with pytest.raises(ValueError, match="with _sudo only, not _su_user"):
         _secret_file_commands({"_su_user": "root"})
+
+
+# -- plan time ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, value, text", [
+    ("_sudo_password", "hunter2", "pyinfra puts this password on the host's command line"),
+    ("_su_password", "hunter2", "pyinfra puts this password on the host's command line"),
+    ("_su_user", "root", "gpuserve escalates with sudo only"),
+    ("_doas", True, "gpuserve escalates with sudo only"),
+])
+def test_logins_that_would_leak_a_password_or_skip_sudo_are_refused(key, value, text):
+    msg = one_problem(make_inventory(host_data={"ssh_user": "deploy", key: value}))
+    assert msg.startswith(f"h1: {key} (from host data): {text}") and "docs/non-root.md" in msg
+
+
+def test_a_sudo_login_passes_the_plan():
+    from gpuserve.config import validate_inventory
+
+    validate_inventory(make_inventory(host_data={"ssh_user": "deploy", "_sudo": True}))
