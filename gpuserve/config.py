@@ -974,6 +974,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     ``deploying``: a pyinfra run, where files only a deploy reads must exist already."""
     c = _Checker(host, deploying)
     _unknown_keys(c)
+    _login(c)
     if not _serves(c):
         return _role_host(c)
     _hardware_groups(c)
@@ -1213,3 +1214,26 @@ def _fleet_gateway(inventory: Inventory, settings: Mapping[str, HostSettings]) -
         seen.setdefault(w.url, w.id)
     return problems
 # --- end gateway ------------------------------------------------------------------------------------
+
+
+# --- Non-root SSH login (issue 17, finding 2; docs/non-root.md) ------------------------------
+# pyinfra's own keys, not gpuserve settings: a login that is not root goes through `_sudo`.
+
+# pyinfra passes these in the command it runs (`env PYINFRA_SUDO_PASSWORD=... sudo -A ...`), so
+# the host's `ps` shows them while the command runs
+LOGIN_PASSWORD_KEYS = ("_sudo_password", "_su_password")
+# secret files go up through sudo only (gpuserve.layers.secrets_ops)
+LOGIN_ESCALATIONS_REFUSED = ("_su_user", "_doas", "_dzdo")
+
+
+def _login(c: _Checker) -> None:
+    for key in LOGIN_PASSWORD_KEYS:
+        if c.host.data.get(key):
+            c.problem(key, "pyinfra puts this password on the host's command line, where `ps` shows "
+                      "it: give the login user passwordless sudo and set _sudo = True "
+                      "(docs/non-root.md)", data_source(c.host, key))
+    for key in LOGIN_ESCALATIONS_REFUSED:
+        if c.host.data.get(key):
+            c.problem(key, "gpuserve escalates with sudo only: log in as root, or as a user with "
+                      "passwordless sudo and set _sudo = True (docs/non-root.md)",
+                      data_source(c.host, key))

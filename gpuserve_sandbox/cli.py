@@ -7,7 +7,7 @@ import os
 
 import click
 
-from gpuserve_sandbox.hosts import DEFAULT_PROFILES, Sandbox, default_instance
+from gpuserve_sandbox.hosts import DEFAULT_PROFILES, LOGIN_USER, Sandbox, default_instance
 from gpuserve_sandbox.network import stop_lxcfs
 from gpuserve_sandbox.simgpu import FAULTS, PROFILES, HostSpec
 from gpuserve_sandbox.util import SandboxError
@@ -114,11 +114,13 @@ def fault(name: str, fault: str | None, gpu: int | None, value: int | None, tran
 @sandbox.command(context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--user", "user", default="root", show_default=True,
+              help=f"Log in as this user (every host also has {LOGIN_USER!r}, with sudo).")
 @instance_option
-def ssh(name: str, command: tuple[str, ...], instance: int) -> None:
+def ssh(name: str, command: tuple[str, ...], instance: int, user: str) -> None:
     """Open a shell (or run COMMAND) on host NAME, e.g. `gpuserve sandbox ssh sandbox-1`."""
     box = Sandbox(instance)
     host = next((h for h in box.hosts() if h.name == name), None)
     if host is None:
         raise click.ClickException(f"no host {name!r} in instance {instance}")
-    os.execvp("ssh", [*box.ssh_args(host, batch=False), *command])
+    os.execvp("ssh", [*box.ssh_args(host, batch=False, user=user), *command])

@@ -29,6 +29,9 @@ from gpuserve_sandbox.simgpu import HostSpec
 from gpuserve_sandbox.util import SandboxError, file_lock, log, run
 
 DEFAULT_ROOT = "/var/tmp/gpuserve-sandbox"
+# every host also has this non-root login user: the sandbox's SSH key, passwordless sudo (as most
+# fleets forbid root logins); inventories/sandbox.py logs in as it unless told otherwise (inventory.py)
+LOGIN_USER = "deploy"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # profiles given to `up --hosts N` when none are named: one of each NVIDIA shape, in turn
 DEFAULT_PROFILES = ("hopper_x8", "blackwell_x4")
@@ -103,11 +106,11 @@ class Sandbox:
             return []
         return [SandboxHost(**h) for h in data["hosts"]]
 
-    def ssh_args(self, host: SandboxHost, *, batch: bool = True) -> list[str]:
+    def ssh_args(self, host: SandboxHost, *, batch: bool = True, user: str = "root") -> list[str]:
         return ["ssh", "-i", str(self.key), "-o", f"UserKnownHostsFile={self.known_hosts}",
                 "-o", "StrictHostKeyChecking=yes", "-o", f"BatchMode={'yes' if batch else 'no'}",
                 "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=3", "-o", "LogLevel=ERROR",
-                f"root@{host.ip}"]
+                f"{user}@{host.ip}"]
 
     def ssh(self, host: SandboxHost, command: str, *, check: bool = True,
             timeout: float = 120) -> subprocess.CompletedProcess:
@@ -274,9 +277,29 @@ class Sandbox:
         ssh_dir.mkdir(mode=0o700, exist_ok=True)
         shutil.copyfile(f"{self.key}.pub", ssh_dir / "authorized_keys")
         (ssh_dir / "authorized_keys").chmod(0o600)
+        self._add_login_user(root)
         simgpu.install(root, host.host_spec, host.name)
         pub = (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
         return f"{pub[0]} {pub[1]}"
+
+    def _add_login_user(self, root: Path) -> None:
+        """LOGIN_USER in the host's root: the sandbox's key, passwordless sudo, no password ("*").
+        Made per host (a few ms) rather than in the shared base image, so no rebuild is needed."""
+        run(["useradd", f"--root={root}", "--create-home", "--shell=/bin/bash", "--user-group", "--password=*",
+             LOGIN_USER])
+        uid, gid = next((int(f[2]), int(f[3])) for f in
+                        (line.split(":") for line in (root / "etc/passwd").read_text().splitlines())
+                        if f[0] == LOGIN_USER)
+        ssh_dir = root / "home" / LOGIN_USER / ".ssh"
+        ssh_dir.mkdir(mode=0o700)
+        shutil.copyfile(f"{self.key}.pub", ssh_dir / "authorized_keys")
+        (ssh_dir / "authorized_keys").chmod(0o600)
+        for path in (ssh_dir, ssh_dir / "authorized_keys"):
+            os.chown(path, uid, gid)
+        sudoers = root / "etc/sudoers.d/gpuserve-sandbox"
+        sudoers.write_text(f"# gpuserve sandbox: the login user of a fleet that forbids root logins\n"
+                           f"{LOGIN_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+        sudoers.chmod(0o440)
 
     def _boot(self, host: SandboxHost, lxcfs: Path | None) -> None:
         hdir = self.host_dir(host)

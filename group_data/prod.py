@@ -13,3 +13,8 @@ model_revision = "0123456789abcdef0123456789abcdef01234567"
 # repo root; keep it out of git). The service layer copies it into a 0600 env file on each host
 # as VLLM_API_KEY; it never appears in argv or serve.yaml.
 api_keys_file = "secrets/prod-api-keys"
+
+# Login. Most fleets forbid root logins: log in as a user with passwordless sudo and the control
+# node's key instead, and everything runs through sudo (docs/non-root.md):
+# ssh_user = "deploy"
+# _sudo = True

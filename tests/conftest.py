@@ -15,6 +15,11 @@ import pyinfra_cli  # noqa: E402,F401
 # (instance 0). Helpers working in parallel pick different ones.
 TEST_INSTANCE = int(os.environ.get("GPUSERVE_TEST_INSTANCE", "99"))
 
+# Who pyinfra logs in as (gpuserve_sandbox.inventory): the hosts' non-root user with sudo by
+# default, as most fleets forbid root logins. A module that sets ``SANDBOX_LOGIN = "root"`` keeps
+# root tested; GPUSERVE_TEST_LOGIN=root runs every other module as root too.
+DEFAULT_TEST_LOGIN = os.environ.get("GPUSERVE_TEST_LOGIN", "")
+
 
 @pytest.fixture(scope="session")
 def sandbox():
@@ -75,6 +80,22 @@ def _integration_module_starts_clean(request):
                     f"another module's (or an earlier run's) daemon: stop it, and request the "
                     f"fixture that starts what the test needs (sandbox_hub, make_hosts, ...).")
     yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox_login(request):
+    """The login user of this module's pyinfra runs (and `gpuserve status`), as
+    $GPUSERVE_SANDBOX_LOGIN for the module's duration: inventories/sandbox.py and the inventories
+    tests write (gpuserve_sandbox.inventory.group) read it."""
+    from gpuserve_sandbox.hosts import LOGIN_USER
+    from gpuserve_sandbox.inventory import LOGINS
+
+    user = getattr(request.module, "SANDBOX_LOGIN", None) or DEFAULT_TEST_LOGIN or LOGIN_USER
+    if user not in LOGINS:
+        pytest.fail(f"{request.path.name}: login {user!r}: use one of {', '.join(LOGINS)}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPUSERVE_SANDBOX_LOGIN", user)
+        yield user
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,17 @@ import gevent
 from pyinfra.api import StringCommand
 
 COMMAND_TIMEOUT_S = 60   # a step of a move other than stop and the gate; bounds an unreachable host
+# the host's own sudo settings (its data, as in an operation): a non-root login runs these with sudo
+SUDO_KEYS = ("_sudo_user", "_use_sudo_login", "_preserve_sudo_env")
+
+
+def escalation(h) -> dict:
+    """The connector arguments that make a command on ``h`` run as its operations do: ``_sudo``
+    (always given, False for a root login) and the other sudo keys its data sets."""
+    args = {"_sudo": bool(h.data.get("_sudo"))}
+    if args["_sudo"]:
+        args.update({k: h.data.get(k) for k in SUDO_KEYS if h.data.get(k) is not None})
+    return args
 
 
 class MoveFailed(Exception):
@@ -21,8 +32,7 @@ def shell(h, command: str, timeout: float):
     and opening a channel to a host that vanished can wait for an hour."""
     try:
         with gevent.Timeout(timeout):
-            return h.run_shell_command(StringCommand(command), _sudo=bool(h.data.get("_sudo")),
-                                       _timeout=timeout)
+            return h.run_shell_command(StringCommand(command), **escalation(h), _timeout=timeout)
     except (gevent.Timeout, TimeoutError):
         raise MoveFailed(f"{h.name}: `{command}` got no answer in {timeout:.0f} s; is the host "
                          "reachable?") from None

@@ -2,6 +2,7 @@
 
 The full converge over SSH (and its idempotency) is tests/integration/test_serve_e2e.py."""
 
+import subprocess
 import time
 
 import pytest
@@ -30,6 +31,35 @@ def test_hosts_are_real_debian_hosts_with_their_own_network(sandbox, hosts, test
     assert len(seen_ips) == len(hosts)
     ids = {testinfra_host(h).file("/etc/machine-id").content_string for h in hosts}
     assert len(ids) == len(hosts), "hosts must not share an identity"
+
+
+def test_the_login_user_has_the_key_and_passwordless_sudo_and_root_still_logs_in(sandbox, hosts):
+    """inventories/sandbox.py logs in as LOGIN_USER with _sudo (tests/conftest.py: sandbox_login);
+    root keeps logging in with the same key."""
+    from gpuserve_sandbox.hosts import LOGIN_USER
+
+    for h in hosts:
+        ssh = sandbox.ssh_args(h, user=LOGIN_USER)
+        me = run_ok([*ssh, "id -un; id -u; sudo -n id -un; sudo -n cat /etc/shadow >/dev/null && echo read"])
+        assert me.split() == [LOGIN_USER, me.split()[1], "root", "read"] and me.split()[1] != "0"
+        # without sudo it is an ordinary user: root's files stay closed to it
+        assert "Permission denied" in run_fail([*ssh, "cat /etc/shadow"])
+        assert sandbox.ssh(h, "id -u").stdout.strip() == "0"
+        # no password to guess: the account has none, sudo asks for none
+        shadow = sandbox.ssh(h, f"getent shadow {LOGIN_USER}").stdout.split(":")
+        assert shadow[1] == "*"
+
+
+def run_ok(args: list[str]) -> str:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def run_fail(args: list[str]) -> str:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0, proc.stdout
+    return proc.stderr
 
 
 def test_only_the_gpus_are_simulated(sandbox, hosts):

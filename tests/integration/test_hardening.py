@@ -21,6 +21,7 @@ import pytest
 
 from gpuserve import layout
 from gpuserve_sandbox import fleet as fleet_view
+from gpuserve_sandbox.hosts import LOGIN_USER
 from gpuserve_sandbox.services import api_keys_path
 
 INV, SERVE = "inventories/sandbox.py", "deploys/serve.py"
@@ -244,13 +245,29 @@ def test_key_rotation_shows_no_secret_in_any_pyinfra_output(fleet, converged, sa
     assert len(engine_key) >= 32
     path.write_text(new + "\n")
     fleet["operator_keys"].write_text(new_op + "\n")
+    host = fleet["host"]
     try:
         dry = _converge(sandbox, fleet, "--dry", "--diff", "-vvv").check()
+        # every command line on the host while the keys go up (bounded: 900 samples, ~0.1 s apart)
+        sandbox.ssh(host, "nohup sh -c 'for i in $(seq 900); do ps -eo args; sleep 0.1; done' "
+                    "> /root/ps.log 2>&1 < /dev/null & echo $! > /root/ps.pid")
+        since = sandbox.ssh(host, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
         run = _converge(sandbox, fleet, "--diff", "-vvv", "--debug").check()
+        sandbox.ssh(host, "kill $(cat /root/ps.pid)", check=False)
         assert "client API keys" in run.output and run.changed > 0
-        for name, out in (("--dry --diff -vvv", dry.output), ("--diff -vvv --debug", run.output)):
+        # the login's side on the host: sudo's log (in the journal: no rsyslog, so no auth.log)
+        # and `ps`. Logged in as the non-root user, sudo ran the upload (so its log is looked at)
+        journal = sandbox.ssh(host, f"journalctl --no-pager -o cat --since '{since}'").stdout
+        ps_log = sandbox.ssh(host, "cat /root/ps.log").stdout
+        assert ps_log.count("COMMAND") > 10, ps_log[:300]      # ps really sampled during the run
+        if os.environ["GPUSERVE_SANDBOX_LOGIN"] != "root":
+            sudo_log = [line for line in journal.splitlines() if "COMMAND=" in line]
+            assert any(f"/{LOGIN_USER}/.gpuserve-upload/" in line for line in sudo_log), sudo_log[-5:]
+            assert not sandbox.ssh(host, f"ls -A ~{LOGIN_USER}/.gpuserve-upload").stdout.strip()
+        for name, out in (("--dry --diff -vvv", dry.output), ("--diff -vvv --debug", run.output),
+                          ("the host's journal (sudo's log)", journal), ("ps on the host", ps_log)):
             for secret in (old, new, old_op, new_op, engine_key):
-                assert secret not in out, f"a key in the output of {name}"
+                assert secret not in out, f"a key in {name}"
         assert _request(sandbox, fleet, "GET", "/v1/models", new)[0] == 200
         assert _request(sandbox, fleet, "GET", "/v1/models", old)[0] == 401
         assert _request(sandbox, fleet, "GET", "/metrics", new_op)[0] == 200

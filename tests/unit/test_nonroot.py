@@ -1,0 +1,137 @@
+"""A non-root SSH login with sudo (docs/non-root.md): what the sandbox inventory gives pyinfra,
+the sudo a rollout's host commands get, and how a secret file goes up through sudo."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.api import FileUploadCommand, StringCommand
+from pyinfra.context import ctx_host
+from pyinfra.facts.server import Home
+
+from gpuserve.layers import remote, secrets_ops
+from gpuserve_sandbox import inventory
+from gpuserve_sandbox.hosts import LOGIN_USER
+from gpuserve_sandbox.util import SandboxError
+
+from .helpers import make_inventory, one_problem
+
+SECRET = "sk-not-in-any-command-0123456789"
+
+
+# -- the sandbox inventory --------------------------------------------------------------------
+
+def test_sandbox_logs_in_as_the_non_root_user_with_sudo_by_default(monkeypatch):
+    monkeypatch.delenv("GPUSERVE_SANDBOX_LOGIN", raising=False)
+    assert LOGIN_USER != "root"
+    assert inventory.login_user() == LOGIN_USER
+    assert inventory.login_data(LOGIN_USER) == {"ssh_user": LOGIN_USER, "_sudo": True}
+
+
+def test_root_login_has_no_sudo(monkeypatch):
+    monkeypatch.setenv("GPUSERVE_SANDBOX_LOGIN", "root")
+    assert inventory.login_user() == "root"
+    assert inventory.login_data("root") == {"ssh_user": "root"}
+
+
+def test_an_unknown_login_is_refused_naming_the_choices(monkeypatch):
+    monkeypatch.setenv("GPUSERVE_SANDBOX_LOGIN", "admin")
+    with pytest.raises(SandboxError, match=f"GPUSERVE_SANDBOX_LOGIN='admin': sandbox hosts accept "
+                                           f"{LOGIN_USER} or root"):
+        inventory.login_user()
+
+
+# -- host commands of a rollout (gpuserve.layers.remote) ----------------------------------------
+
+class Host:
+    def __init__(self, data):
+        self.name, self.data, self.kwargs = "h1", data, None
+
+    def run_shell_command(self, command, **kwargs):
+        self.kwargs = kwargs
+        return True, SimpleNamespace(stdout="ok\n", stderr="", output="ok\n")
+
+
+@pytest.mark.parametrize("data, want", [
+    ({}, {"_sudo": False}),
+    ({"_sudo": True}, {"_sudo": True}),
+    ({"_sudo": True, "_sudo_user": "svc", "_use_sudo_login": True},
+     {"_sudo": True, "_sudo_user": "svc", "_use_sudo_login": True}),
+    ({"_sudo_user": "svc"}, {"_sudo": False}),      # without _sudo the other keys mean nothing
+])
+def test_rollout_commands_run_with_the_hosts_sudo_settings(data, want):
+    h = Host(data)
+    assert remote.run(h, "systemctl is-active x") == "ok\n"
+    assert h.kwargs == {**want, "_timeout": remote.COMMAND_TIMEOUT_S}
+
+
+# -- secret files through sudo (gpuserve.layers.secrets_ops) ------------------------------------
+
+class OpHost:
+    """Enough of pyinfra's Host for the secret_file generator: facts asked are recorded."""
+
+    def __init__(self, global_args: dict):
+        self.name, self.current_op_global_arguments, self.asked = "h1", global_args, []
+
+    def get_fact(self, cls, **kwargs):
+        self.asked.append((cls, kwargs))
+        return "/home/ops" if cls is Home else None
+
+    def noop(self, message):
+        raise AssertionError(f"unexpected no-op: {message}")
+
+
+def _secret_file_commands(global_args: dict) -> tuple[OpHost, list]:
+    h = OpHost(global_args)
+    with ctx_host.use(h):
+        commands = list(secrets_ops.secret_file._inner(content=SECRET, dest="/etc/nginx/gpuserve/x.keys"))
+    for c in commands:
+        if isinstance(c, StringCommand):
+            assert SECRET not in c.get_raw_value()   # only file names reach a command line
+    return h, commands
+
+
+def test_through_sudo_a_secret_goes_up_into_the_login_users_private_directory():
+    h, commands = _secret_file_commands({"_sudo": True})
+    # the login user's home, asked as that user (under sudo, ~ would be root's)
+    assert (Home, {"_sudo": False}) in h.asked
+    private = [c for c in commands if isinstance(c, StringCommand) and ".gpuserve-upload" in c.get_raw_value()]
+    assert len(private) == 1 and private[0].connector_arguments == {"_sudo": False}
+    assert "umask 077; mkdir -p /home/ops/.gpuserve-upload && chmod 700" in private[0].get_raw_value()
+    upload = next(c for c in commands if isinstance(c, FileUploadCommand))
+    assert upload.remote_temp_filename == "/home/ops/.gpuserve-upload/x.keys.upload"
+    assert upload.dest == f"{secrets_ops.STAGING}/x.keys.upload"   # sudo cp into root's 0700 dir
+    assert upload.src.read().decode() == SECRET
+
+
+def test_a_root_login_uploads_straight_into_roots_staging_directory():
+    h, commands = _secret_file_commands({"_sudo": False})
+    assert not [c for c, _ in h.asked if c is Home]
+    assert not [c for c in commands if isinstance(c, StringCommand) and ".gpuserve-upload" in c.get_raw_value()]
+    upload = next(c for c in commands if isinstance(c, FileUploadCommand))
+    assert upload.dest == f"{secrets_ops.STAGING}/x.keys.upload"
+
+
+def test_other_escalations_are_refused_by_name():
+    with pytest.raises(ValueError, match="with _sudo only, not _su_user"):
+        _secret_file_commands({"_su_user": "root"})
+
+
+# -- plan time ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, value, text", [
+    ("_sudo_password", "hunter2", "pyinfra puts this password on the host's command line"),
+    ("_su_password", "hunter2", "pyinfra puts this password on the host's command line"),
+    ("_su_user", "root", "gpuserve escalates with sudo only"),
+    ("_doas", True, "gpuserve escalates with sudo only"),
+])
+def test_logins_that_would_leak_a_password_or_skip_sudo_are_refused(key, value, text):
+    msg = one_problem(make_inventory(host_data={"ssh_user": "deploy", key: value}))
+    assert msg.startswith(f"h1: {key} (from host data): {text}") and "docs/non-root.md" in msg
+
+
+def test_a_sudo_login_passes_the_plan():
+    from gpuserve.config import validate_inventory
+
+    validate_inventory(make_inventory(host_data={"ssh_user": "deploy", "_sudo": True}))
