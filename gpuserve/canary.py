@@ -1,9 +1,10 @@
 """Canary bake: compare the canary hosts (new release) with the rest (old release) in Prometheus.
 
-Pure, except ``query``, which asks a monitor host's Prometheus (127.0.0.1:9090 there) with curl
-over the rollout's pyinfra connection. deploys/upgrade.py moves the first ``canary_hosts`` hosts,
-waits ``canary_bake_s``, then calls ``bake_checks`` + ``evaluate``: the rollout goes on only when
-every check holds; otherwise it rolls the canary back and prints ``format_breach`` of each.
+Pure: gpuserve.layers.canary_bake asks a monitor host's Prometheus (127.0.0.1:9090 there) with
+``query_command`` over the rollout's pyinfra connection and reads it with ``parse_response``.
+deploys/upgrade.py moves the first ``canary_hosts`` hosts, waits ``canary_bake_s``, then runs
+``bake_checks`` through ``run_checks``: the rollout goes on only when every check holds;
+otherwise it rolls the canary back and prints ``format_breach`` of each.
 
 Three checks, each over the bake window and joined on the release label that the watchdog
 exports (``gpuserve_release_info{host, deployment, release}``):
@@ -180,10 +181,3 @@ def parse_response(text: str) -> float | None:
     if len(result) > 1:
         raise ValueError(f"the query returned {len(result)} series; a canary check needs one")
     return float(result[0]["value"][1])
-
-
-def query(monitor_host, promql: str) -> float | None:
-    """Ask ``monitor_host`` (a pyinfra Host of group monitor) for ``promql``'s single value."""
-    from gpuserve.layers.remote import run   # the pyinfra side, only when actually asking
-
-    return parse_response(run(monitor_host, query_command(promql), QUERY_TIMEOUT_S + 10))

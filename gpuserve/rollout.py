@@ -112,6 +112,18 @@ def batch_size(max_unavailable: int | str, hosts: int) -> int:
     return max_unavailable
 
 
+def canary_batches(moves: Sequence, host_order: Sequence[str], max_unavailable: int,
+                   canary_hosts: int) -> list[list]:
+    """As ``batches``, but the first batch is the first ``canary_hosts`` hosts (the canary, which
+    bakes before the rest moves); then ``max_unavailable`` hosts at a time."""
+    if canary_hosts < 1:
+        raise ValueError("canary_hosts must be at least 1")
+    first = batches(moves, host_order, canary_hosts)[:1]
+    moved = {m.host for b in first for m in b}
+    rest = [m for m in moves if m.host not in moved]
+    return first + batches(rest, host_order, max_unavailable)
+
+
 def batches(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: int) -> list[list[Move]]:
     """Group moves by host (all deployments of a host move together), ``max_unavailable`` hosts
     per batch, hosts in inventory order."""

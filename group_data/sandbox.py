@@ -59,3 +59,8 @@ proxy_burst_per_key = 400
 # Monitoring (docs/monitoring.md): the hosts share this machine's disk, far below the 100 GiB
 # a real NVMe alert threshold wants
 alert_nvme_free_gib = 1
+
+# The canary bake of deploys/upgrade.py needs a monitor host (group monitor) whose Prometheus
+# judges the canary; the sandbox's default hosts have none, so its upgrades skip the bake. With a
+# monitor host (`gpuserve sandbox up --profile monitor ...`) bake with --data canary_bake_s=60.
+canary_bake_s = 0

@@ -22,7 +22,7 @@ from pyinfra.operations import python
 
 from gpuserve import layout, rollout
 from gpuserve.config import HostSettings
-from gpuserve.layers import rotation, stack_move
+from gpuserve.layers import canary_bake, rotation, stack_move
 from gpuserve.layers.gate import gate as _gate
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.service import Deployment, DeploymentState
@@ -66,7 +66,15 @@ def _roll(state, host, kind: str) -> bool:
     # a percentage counts the hosts in this run (pyinfra's --limit narrows it); the strictest wins
     max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(order)) for n in order),
                           default=1)
-    plan = rollout.batches(moves, order, max_unavailable)
+    if kind == "upgrade":   # the first batch is the canary (docs/monitoring.md, "Canary")
+        canaries = min((settings[n].monitor.canary_hosts for n in order), default=1)
+        plan = rollout.canary_batches(moves, order, max_unavailable, canaries)
+        why = canary_bake.refusal(settings, plan[0]) if plan else None
+        if why:
+            logger.error(f"--> {why}")
+            return False
+    else:
+        plan = rollout.batches(moves, order, max_unavailable)
     hosts = _hosts_in_order(state)
     me = _holder(kind)
     taken: list = []
@@ -205,12 +213,33 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
             raise OperationError(
                 f"{kind} halted in batch {i}/{len(plan)}: " + "; ".join(errors)
                 + (f". Not reached, still on their release: {', '.join(untouched)}" if untouched else ""))
+        if i == 1 and kind == "upgrade" and len(plan) > 1:
+            breaches = canary_bake.bake(settings, batch, hosts)
+            if breaches:
+                _canary_back(batch, hosts, settings)
+                untouched = sorted({m.host for later in plan[1:] for m in later})
+                raise OperationError(
+                    f"{kind} halted after the canary bake: {', '.join(by_host)} went back to the "
+                    f"release it served; not reached, still on their release: {', '.join(untouched)}\n"
+                    + "\n".join(breaches))
         settle = max((settings[name].drain_s for name in by_host if settings[name].proxy), default=0)
         if i < len(plan) and settle:
             # load balancers see a host come back only at their next health check: without this
             # wait the next batch could leave the drained hosts and the returning ones both out
             logger.info(f"    waiting {settle} s for load balancers to send to batch {i} again")
             time.sleep(settle)
+
+
+def _canary_back(batch: list, hosts: dict, settings: dict[str, HostSettings]) -> None:
+    """Every canary deployment back to the release it served, host by host (each a move)."""
+    for move in batch:
+        if isinstance(move, Move) and move.from_release and not move.resumes:
+            back = canary_bake.reverse(move)
+            logger.warning(f"    [{move.host}] canary breach: {back}")
+            try:
+                _move_deployment(hosts[move.host], back, settings[move.host])
+            except _MoveFailed as exc:
+                logger.error(f"    [{move.host}] could not go back: {exc}")
 
 
 def _switch(h, move: Move, current: str, previous: str | None, s: HostSettings) -> None:
