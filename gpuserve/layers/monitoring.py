@@ -214,8 +214,11 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
     systemd.service(name="Prometheus running", service="prometheus", running=True, enabled=True)
     systemd.service(name="Prometheus restarted (its arguments changed)", service="prometheus",
                     restarted=True, _if=args.did_change)
+    # not right after a restart: Debian's ExecReload is a SIGHUP, which kills a Prometheus that
+    # has not set up its handler yet (seen in the sandbox: the next converge found it stopped)
+    config_changed = any_changed(rules, conf, *secrets, *cas)
     server.shell(name="Prometheus reloads its configuration", commands=["systemctl reload prometheus"],
-                 _if=any_changed(rules, conf, *secrets, *cas))
+                 _if=lambda: config_changed() and not args.did_change())
     systemd.service(name="alertmanager running", service="prometheus-alertmanager", running=True,
                     enabled=True)
     systemd.service(name="alertmanager restarted (its configuration changed)",
