@@ -389,12 +389,34 @@ def cuda_sources(s: StackSettings, os: str, arch: str) -> tuple[str, str]:
             f"deb [signed-by={CUDA_KEYRING}] {cuda_repo_dir(s, os, arch)}/ /\n")
 
 
+NVIDIA_PIN_PATTERNS = ("*nvidia*", "libcuda*", "libnvcuvid*", "libnvoptix*")
+
+
+def companions(installed: Mapping[str, str], spec_names: Iterable[str], available: Mapping[str, list[str]],
+               driver_version: str) -> list[str]:
+    """apt-get install arguments that bring the driver's other installed packages (libcuda1,
+    nvidia-smi, ...) to ``driver_version``: the held set's metapackages depend on them with
+    '>=', so a downgrade would leave them at the newer release (CUDA then fails with 803,
+    libcuda not matching the loaded module). Only packages the repositories offer at that version."""
+    names = set(spec_names)
+    out = []
+    for name in sorted(installed):
+        if name in names or not any(fnmatch.fnmatchcase(name, p) for p in NVIDIA_PIN_PATTERNS):
+            continue
+        if version_matches(installed[name], driver_version):
+            continue
+        match = next((v for v in available.get(name, []) if version_matches(v, driver_version)), None)
+        if match:
+            out.append(f"{name}={match}")
+    return out
+
+
 def nvidia_preferences(s: StackSettings) -> str:
     """Every NVIDIA driver package at exactly the configured version (any packaging revision)."""
     return (f"# gpuserve: NVIDIA driver packages at exactly {s.driver_version} (group data "
             "nvidia_driver_version).\n# nvidia-driver-pinning-<branch> keeps the branch; this keeps the "
             "version, because the\n# driver metapackages depend with '>=' on their parts.\n"
-            "Package: *nvidia* libcuda* libnvcuvid* libnvoptix*\n"
+            f"Package: {' '.join(NVIDIA_PIN_PATTERNS)}\n"
             f"Pin: version {s.driver_version}-*\n"
             "Pin-Priority: 1001\n")
 

@@ -9,6 +9,7 @@ configured yields no commands: "No Change".
 
 from __future__ import annotations
 
+import fnmatch
 import shlex
 
 from pyinfra import host, logger, state
@@ -52,6 +53,21 @@ def _plan(specs: list[PackageSpec], family: tuple[str, ...], with_versions: bool
     return plan
 
 
+def companions_for(driver_version: str, specs: list[PackageSpec], get=None) -> list[str]:
+    """apt-get install arguments for the driver's other installed packages (libcuda1, nvidia-smi,
+    ...) at ``driver_version`` (gpuserve.stack.companions): a downgrade would leave them newer."""
+    get = get or host.get_fact
+    installed = {n: next(iter(v)) for n, v in get(DebPackages).items() if v}
+    names = [s.name for s in specs]
+    candidates = [n for n in installed
+                  if n not in names and any(fnmatch.fnmatchcase(n, p) for p in stack.NVIDIA_PIN_PATTERNS)
+                  and not stack.version_matches(installed[n], driver_version)]
+    if not candidates:
+        return []
+    policy = get(AptPolicy, packages=candidates)
+    return stack.companions(installed, names, {n: p.versions for n, p in policy.items()}, driver_version)
+
+
 def module_state(vendor: str, package: str, get=None) -> tuple[str | None, str | None]:
     """(installed version of the kernel module package, loaded module version)."""
     get = get or host.get_fact
@@ -84,15 +100,17 @@ def unhold_for_change(specs: list[PackageSpec], family: tuple[str, ...] = ()):
 
 
 @operation()
-def install_set(specs: list[PackageSpec], family: tuple[str, ...] = ()):
-    """Install the set at its pinned versions in one apt transaction (obsolete members removed)."""
+def install_set(specs: list[PackageSpec], family: tuple[str, ...] = (), driver_version: str | None = None):
+    """Install the set at its pinned versions in one apt transaction (obsolete members removed;
+    with ``driver_version``, the driver's other installed packages brought to it too)."""
     plan = _plan(specs, family, with_versions=True)
     if not plan.changes:
         return
     if plan.problems:
         yield fail(f"{host.name}: cannot install " + "; ".join(plan.problems))
         return
-    yield f"{stack.APT_INSTALL} {' '.join(shlex.quote(arg) for arg in plan.install)}"
+    extra = companions_for(driver_version, specs) if driver_version else []
+    yield f"{stack.APT_INSTALL} {' '.join(shlex.quote(arg) for arg in [*plan.install, *extra])}"
 
 
 @operation()

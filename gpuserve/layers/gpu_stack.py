@@ -108,11 +108,12 @@ def _record(s: stack.StackSettings) -> None:
               user="root", group="root", mode="600")
 
 
-def _held_set(label: str, specs: list[stack.PackageSpec], family: tuple[str, ...] = ()) -> None:
+def _held_set(label: str, specs: list[stack.PackageSpec], family: tuple[str, ...] = (),
+              driver_version: str | None = None) -> None:
     """unhold -> install -> hold, each deciding on the host's state when it runs."""
     gpu_ops.refresh_lists_for(name=f"Refresh apt lists for the {label}", specs=specs, family=family)
     gpu_ops.unhold_for_change(name=f"Release the holds on the {label} for its change", specs=specs, family=family)
-    gpu_ops.install_set(name=f"Install the {label}", specs=specs, family=family)
+    gpu_ops.install_set(name=f"Install the {label}", specs=specs, family=family, driver_version=driver_version)
     gpu_ops.hold_set(name=f"Hold the {label}", specs=specs, family=family)
 
 
@@ -136,7 +137,7 @@ def _nvidia(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool):
     if not disruptive:
         return None
     _held_set(f"NVIDIA stack ({s.driver_version}, {s.flavour})", stack.nvidia_packages(s, os),
-              stack.nvidia_family(os))
+              stack.nvidia_family(os), s.driver_version)
     rebooted = gpu_ops.reboot_for_driver(name="Reboot to load the NVIDIA driver", vendor="nvidia",
                               package=stack.nvidia_kernel_module_package(s, os),
                               allowed=s.reboot_allowed, delay=s.reboot_delay, timeout=s.reboot_timeout)

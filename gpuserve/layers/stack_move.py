@@ -85,12 +85,14 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
         _serve_again(h, move, s)
         raise MoveFailed(f"{h.name}: GPU stack move to {target.label} refused before any change: "
                          + "; ".join(plan.problems) + " (the host serves its old stack again)")
+    install = list(plan.install) + (gpu_ops.companions_for(t.driver_version, target.specs, get)
+                                    if t.vendor == "nvidia" else [])
     logger.info(f"    [{h.name}] installing {target.label}")
     try:
         if plan.unhold:
             run(h, "apt-mark unhold " + " ".join(map(shlex.quote, plan.unhold)))
-        if plan.install:
-            run(h, f"{stack.APT_INSTALL} {' '.join(map(shlex.quote, plan.install))}", timeout=APT_TIMEOUT_S)
+        if install:
+            run(h, f"{stack.APT_INSTALL} {' '.join(map(shlex.quote, install))}", timeout=APT_TIMEOUT_S)
     finally:   # whatever apt did, the set is held again, so `apt upgrade` cannot split it
         after = gpu_ops._plan(target.specs, target.family, get=get)
         if after.hold:

@@ -212,3 +212,14 @@ def test_a_refused_reboot_leaves_the_host_out(settings, host_state, tmp_path):
     with pytest.raises(MoveFailed, match="failed at reboot: .*may not be rebooted"):
         layer.move_stack(h, _move(s), s)
     assert "reboot" not in _steps(h) and "start" not in _steps(h)
+
+
+def test_a_downgrade_takes_the_drivers_other_packages_along():
+    # libcuda1 is not in the held set; the metapackages depend on it with '>=', so apt would
+    # leave it at the newer release after a downgrade (CUDA: 803, libcuda vs the loaded module)
+    installed = {"libcuda1": f"{NEW}-1", "nvidia-smi": f"{NEW}-1", "nvidia-open": f"{NEW}-1",
+                 "nvidia-container-toolkit": "1.17.8-1", "libcuda-extra": f"{OLD}-1"}
+    offered = {"libcuda1": [f"{NEW}-1", f"{OLD}-1"], "nvidia-smi": [f"{NEW}-1", f"{OLD}-1"],
+               "nvidia-container-toolkit": ["1.17.8-1"]}
+    assert stack.companions(installed, ["nvidia-open"], offered, OLD) == [f"libcuda1={OLD}-1",
+                                                                         f"nvidia-smi={OLD}-1"]
