@@ -37,3 +37,16 @@ def run(h, command: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
     if not ok:
         raise MoveFailed(f"{h.name}: `{command}` failed: {output.output[-600:]}")
     return output.stdout
+
+
+def connected(h, why: str):
+    """``h`` connected: a host outside the run's --limit (a gateway, a serving host whose
+    certificate a gateway needs) is connected only when a step needs it. MoveFailed if it
+    cannot be reached."""
+    if not h.connected:
+        try:
+            h.connect(reason=why, raise_exceptions=True)
+        except Exception as exc:  # noqa: BLE001 - whatever the connector raises
+            raise MoveFailed(f"{h.name}: cannot reach this host ({type(exc).__name__}: {exc}); "
+                             f"it is needed as {why}") from None
+    return h
