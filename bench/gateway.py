@@ -139,12 +139,12 @@ def conversations(url, ctx, key, n_conv: int, turns: int, tag: str) -> list[floa
     """n_conv agent-style conversations, turn by turn, round-robin between them; the TTFTs."""
     system = (f"[{tag}] You are a careful operations agent for a large GPU fleet. " +
               " ".join(f"Rule {i}: always check the host's health, its queue and its logs "
-                       f"before acting, and write down what you saw." for i in range(40)))
+                       f"before acting, and write down what you saw." for i in range(12)))
     tools = [{"type": "function", "function": {
         "name": f"tool_{i}", "description": f"Operation {i} on a fleet host, with careful checks.",
         "parameters": {"type": "object", "properties": {"host": {"type": "string"},
                                                         "reason": {"type": "string"}}}}}
-        for i in range(6)]
+        for i in range(3)]
     tool_text = json.dumps(tools)
     histories = [[{"role": "system", "content": system + "\nTools: " + tool_text}] for _ in range(n_conv)]
     ttfts = []
@@ -157,6 +157,8 @@ def conversations(url, ctx, key, n_conv: int, turns: int, tag: str) -> list[floa
                 "stream_options": {"include_usage": False}})
             if status == 200:
                 ttfts.append(first)
+            else:
+                print(f"  conversation {c} turn {turn}: HTTP {status}", flush=True)
             histories[c].append({"role": "assistant", "content": f"node-{c:03d} turn {turn}: ok."})
     return ttfts
 
@@ -224,7 +226,8 @@ def main() -> None:
                        for a, b in zip(after, before))
             queries = sum(a["vllm:prefix_cache_queries_total"] - b["vllm:prefix_cache_queries_total"]
                           for a, b in zip(after, before))
-            results[policy] = (hits / queries if queries else 0.0, statistics.median(ttfts), len(ttfts))
+            results[policy] = (hits / queries if queries else 0.0,
+                               statistics.median(ttfts) if ttfts else float("nan"), len(ttfts))
             rows.append((f"{policy}: hit ratio (hits / queries, tokens)", f"{results[policy][0]:.3f}",
                          f"{hits:.0f} / {queries:.0f}"))
             rows.append((f"{policy}: median TTFT", f"{results[policy][1] * 1000:.0f} ms",
