@@ -169,8 +169,10 @@ def set_policy(f, gw, policy: str, serving) -> None:
 
 
 def main() -> None:
-    args = arguments(__doc__.splitlines()[0], default_instance=42)
     skip_upgrade = "--skip-upgrade" in sys.argv
+    if skip_upgrade:
+        sys.argv.remove("--skip-upgrade")
+    args = arguments(__doc__.splitlines()[0], default_instance=42)
     with fleet(args, extra=("gateway",)) as f:
         serving, gw = f.hosts[:-1], f.hosts[-1]
         me = f.sandbox.bridge_ip   # the bench's own address, admitted for the direct calls
