@@ -137,29 +137,27 @@ class Loop:
 
 def conversations(url, ctx, key, n_conv: int, turns: int, tag: str) -> list[float]:
     """n_conv agent-style conversations, turn by turn, round-robin between them; the TTFTs."""
-    system = (f"[{tag}] You are a careful operations agent for a large GPU fleet. " +
-              " ".join(f"Rule {i}: always check the host's health, its queue and its logs "
-                       f"before acting, and write down what you saw." for i in range(12)))
+    # the sandbox's tiny model reads about one token per character, at most 2048: a short "long"
+    # prompt (about 700 characters with the tools), a short history
+    system = (f"[{tag}] You are a careful operations agent for a GPU fleet. " +
+              " ".join(f"Rule {i}: check health first." for i in range(12)))
     tools = [{"type": "function", "function": {
-        "name": f"tool_{i}", "description": f"Operation {i} on a fleet host, with careful checks.",
-        "parameters": {"type": "object", "properties": {"host": {"type": "string"},
-                                                        "reason": {"type": "string"}}}}}
-        for i in range(3)]
+        "name": f"tool_{i}", "description": f"Operation {i} on a host.",
+        "parameters": {"type": "object", "properties": {"host": {"type": "string"}}}}}
+        for i in range(2)]
     tool_text = json.dumps(tools)
     histories = [[{"role": "system", "content": system + "\nTools: " + tool_text}] for _ in range(n_conv)]
     ttfts = []
     for turn in range(turns):
         for c in range(n_conv):
-            histories[c].append({"role": "user", "content": f"Conversation {c}, turn {turn}: "
-                                 f"check host node-{c:03d} and report in one line."})
+            histories[c].append({"role": "user", "content": f"C{c} T{turn}: check node-{c:03d}."})
             status, first, _ = request(url, ctx, key, {
-                "model": MODEL, "max_tokens": 12, "stream": True, "messages": histories[c],
-                "stream_options": {"include_usage": False}})
+                "model": MODEL, "max_tokens": 8, "stream": True, "messages": histories[c]})
             if status == 200:
                 ttfts.append(first)
             else:
                 print(f"  conversation {c} turn {turn}: HTTP {status}", flush=True)
-            histories[c].append({"role": "assistant", "content": f"node-{c:03d} turn {turn}: ok."})
+            histories[c].append({"role": "assistant", "content": "ok"})
     return ttfts
 
 
