@@ -17,5 +17,6 @@ from gpuserve.layers.service import gate_after_reboot
 
 settings = host_settings()
 
-base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-gate_after_reboot(settings, gpu_stack())
+if settings.serves:   # a host of role groups only (gateway, monitor) has no GPU stack
+    base_layout(settings.nvme_path, [d.name for d in settings.deployments])
+    gate_after_reboot(settings, gpu_stack())

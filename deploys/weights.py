@@ -12,5 +12,6 @@ from gpuserve.layers.weights import weights
 
 settings = host_settings()
 
-base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-weights(settings)
+if settings.serves:   # a host of role groups only (gateway, monitor) holds no weights
+    base_layout(settings.nvme_path, [d.name for d in settings.deployments])
+    weights(settings)

@@ -35,7 +35,7 @@ from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings
 from gpuserve.layers.engine import uv_binary
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, shell
+from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, shell
 
 NGINX_DIR = proxy_conf.NGINX_DIR
 
@@ -78,6 +78,7 @@ def _serving_certificates(state, host) -> bool:
         if s is None or not s.serves:
             continue
         try:
+            connected(h, "a worker whose certificate the gateway trusts")
             ok, out = shell(h, f"cat {NGINX_DIR}/tls.crt", COMMAND_TIMEOUT_S)
         except MoveFailed as exc:
             logger.error(f"    [{host.name}] {exc}")

@@ -67,3 +67,16 @@ def fact(h, cls, timeout: float = COMMAND_TIMEOUT_S, **kwargs):
     if not ok or not lines or lines == [MISSING]:
         return f.default()
     return f.process(lines)
+
+
+def connected(h, why: str):
+    """``h`` connected: a host outside the run's --limit (a gateway, a serving host whose
+    certificate a gateway needs) is connected only when a step needs it. MoveFailed if it
+    cannot be reached."""
+    if not h.connected:
+        try:
+            h.connect(reason=why, raise_exceptions=True)
+        except Exception as exc:  # noqa: BLE001 - whatever the connector raises
+            raise MoveFailed(f"{h.name}: cannot reach this host ({type(exc).__name__}: {exc}); "
+                             f"it is needed as {why}") from None
+    return h

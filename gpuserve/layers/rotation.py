@@ -26,7 +26,7 @@ from pyinfra.context import ctx_state
 from gpuserve import gateway, rollout
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers.context import all_settings
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
+from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, run, shell
 from gpuserve.service import probe_url
 
 DRAIN_POLL_S = 1.0
@@ -45,12 +45,8 @@ def _gateways() -> list:
     out = []
     for h in state.inventory:
         if h.name in settings and settings[h.name].gateway is not None:
-            if not h.connected:   # outside this run's --limit: connected only now
-                try:
-                    h.connect(reason="gateway of the hosts this rollout moves", raise_exceptions=True)
-                except Exception as exc:  # noqa: BLE001 - whatever the connector raises
-                    raise MoveFailed(f"{h.name}: cannot reach this gateway ({type(exc).__name__}: "
-                                     f"{exc}); a host out of rotation must be out of every gateway") from None
+            # outside this run's --limit it is connected only now; unreachable: MoveFailed
+            connected(h, "a gateway: a host out of rotation must be out of every gateway")
             out.append((h, settings[h.name].gateway))
     return out
 
