@@ -27,4 +27,4 @@ spec = engine(settings)
 weights(settings)
 removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
 service(settings, desired_releases(settings, spec), removed=removed.releases)
-proxy(settings, sites_removed=removed.proxy_sites)
+proxy(settings, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
