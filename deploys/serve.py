@@ -39,7 +39,7 @@ if settings.serves:   # False on a host of role groups only (gateway, monitor): 
     weights(settings)
     removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
     service(settings, desired_releases(settings, spec), removed=removed.releases)
-    proxy(settings, sites_removed=removed.proxy_sites)
+    proxy(settings, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
 
 # --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy
 gateway(settings)

@@ -87,9 +87,11 @@ def server_names(settings: HostSettings) -> list[str]:
 
 
 @deploy("Proxy")
-def proxy(settings: HostSettings, *, sites_removed: bool = False) -> None:
+def proxy(settings: HostSettings, *, sites_removed: bool = False,
+          drain_flags: tuple[str, ...] = ()) -> None:
     """``sites_removed``: the removal layer took a deployment's site away (gpuserve.layers.removal),
-    so nginx is reloaded even if nothing here changed."""
+    so nginx is reloaded even if nothing here changed; ``drain_flags``: that layer's drain flags,
+    which kept the removed sites' /health at 503 until this reload and go after it."""
     if not settings.proxy:
         return
     apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
@@ -154,6 +156,9 @@ def proxy(settings: HostSettings, *, sites_removed: bool = False) -> None:
     server.shell(name="Reload nginx (keys or configuration changed; the engine keeps running)",
                  commands=["nginx -t -q", RELOAD_AND_WAIT],
                  _if=None if sites_removed else any_changed(*changed))
+    if drain_flags:
+        server.shell(name=f"Remove the drain flags of removed deployments ({', '.join(drain_flags)})",
+                     commands=[f"rm -f {' '.join(drain_flags)}"])
 
 
 def tls_files(settings: HostSettings) -> list:

@@ -41,6 +41,7 @@ def footprint(settings: HostSettings) -> plan.Footprint:
 class Removed:
     releases: list[Release]     # of the removed deployments: the service layer's retention
     proxy_sites: bool           # a proxy site or key went: the proxy layer reloads nginx
+    drain_flags: tuple[str, ...] = ()   # the proxy layer removes these after that reload
 
 
 @deploy("Removal of deployments no longer planned")
@@ -58,8 +59,12 @@ def removal(settings: HostSettings) -> Removed:
         records += host.get_fact(ReleaseRecords, deployment=r.name).values()
         _remove(settings, r)
     sites = any(r.nginx_changed for r in gone)
-    _after(found, gone, [], reload_nginx=sites and not settings.proxy)
-    return Removed(records, sites and settings.proxy)
+    flags = tuple(r.drain_flag for r in gone if r.drain_flag)
+    # the running nginx keeps the old site until it is reloaded; its drain flag keeps that
+    # site's /health at 503 until then (else it would answer for the next engine on that port)
+    defer = settings.proxy
+    _after(found, gone, [], reload_nginx=sites and not defer, flags=() if defer else flags)
+    return Removed(records, sites and defer, flags if defer else ())
 
 
 @deploy("Decommission")
@@ -74,7 +79,8 @@ def decommission(settings: HostSettings) -> None:
     for path in rest:
         logger.info(f"    [{host.name}] decommission: remove {path}")
         _remove_path(path, f"gpuserve: remove {path}")
-    _after(found, gone, rest, reload_nginx=True)
+    _after(found, gone, rest, reload_nginx=True,
+           flags=tuple(r.drain_flag for r in gone if r.drain_flag))
     if found.user:
         server.user(name=f"gpuserve: remove the service user {layout.SERVICE_USER}",
                     user=layout.SERVICE_USER, present=False)
@@ -94,8 +100,6 @@ def _remove(settings: HostSettings, r: plan.Removal) -> None:
         # stopping drains what still runs (SIGTERM: in-flight requests get shutdown_timeout_s)
         systemd.service(name=f"{r.name}: stop and disable {unit}", service=unit,
                         running=False if r.stop else None, enabled=False if r.disable else None)
-    if r.drain_flag:   # made by the drain above, after the facts were read: removed by name
-        server.shell(name=f"{r.name}: remove {r.drain_flag}", commands=[f"rm -f {r.drain_flag}"])
     for path in r.files:
         _remove_path(path, f"{r.name}: remove {path}")
 
@@ -107,9 +111,10 @@ def _remove_path(path: str, name: str) -> None:
         files.directory(name=name, path=path, present=False)
 
 
-def _after(found: plan.Footprint, gone: list[plan.Removal], host_paths, *, reload_nginx: bool) -> None:
+def _after(found: plan.Footprint, gone: list[plan.Removal], host_paths, *, reload_nginx: bool,
+           flags: tuple[str, ...]) -> None:
     """systemd forgets removed units; nginx drops removed sites (when it runs, and
-    ``reload_nginx``: else the proxy layer reloads it)."""
+    ``reload_nginx``: else the proxy layer reloads it); then the drain flags go."""
     units = [r for r in gone if plan.unit_path(r.name) in r.paths]
     if units or plan.NGINX_DROPIN in host_paths:
         server.shell(name="Reload systemd (units removed)",
@@ -120,6 +125,15 @@ def _after(found: plan.Footprint, gone: list[plan.Removal], host_paths, *, reloa
     if nginx and reload_nginx and found.nginx_active:
         server.shell(name="Reload nginx (gpuserve sites removed)",
                      commands=["nginx -t -q", RELOAD_AND_WAIT])
+    _remove_drain_flags(flags)
+
+
+def _remove_drain_flags(flags) -> None:
+    """Drain flags the drain made during this run (after the facts were read): removed by name,
+    once nginx no longer serves the removed sites."""
+    if flags:
+        server.shell(name=f"Remove the drain flags of removed deployments ({', '.join(flags)})",
+                     commands=[f"rm -f {' '.join(flags)}"])
 
 
 def _drain(state, host, settings: HostSettings, r: plan.Removal) -> None:  # noqa: A002 (pyinfra's names)
