@@ -146,7 +146,13 @@ def _serve_again(h, move: StackMove, s: HostSettings) -> None:
 
 def _stays_out(h, move: StackMove, step: str, why: str) -> None:
     """The host keeps its engines stopped and its drain flags: it must not serve on a stack that
-    failed. A rerun, once the operator fixed the host, finishes the move."""
+    failed (an enabled unit started again at boot, so it is stopped here). A rerun, once the
+    operator fixed the host, finishes the move."""
+    for dep in move.deployments:
+        try:
+            shell(h, rollout.stop(dep), COMMAND_TIMEOUT_S)
+        except MoveFailed as exc:   # unreachable: the failure below says what happened
+            logger.warning(f"    {exc}")
     raise MoveFailed(f"{h.name}: GPU stack move to {move.to_stack} failed at {step}: {why}. The host "
                      "stays out of rotation with its engines stopped; fix it and run the same "
                      "command again to finish the rollout")

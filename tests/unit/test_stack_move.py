@@ -200,6 +200,7 @@ def test_a_host_that_fails_after_its_change_stays_out_with_its_engine_stopped(se
     steps = _steps(h)
     assert steps[:5] == ["out", "stop", "unhold", "install", "reboot"]
     assert "start" not in steps and "in" not in steps and "record" not in steps
+    assert steps[-1] == "stop"    # the unit started again at boot: stopped before the host is left out
     assert f"rm -f {stack.STACK_MOVING}" not in h.ran     # the next plan resumes the move
 
 
