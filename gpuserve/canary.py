@@ -76,7 +76,8 @@ def error_ratio_query(deployment: str, hosts: Sequence[str], release: str, canar
                       window: str) -> str:
     total = _selector(monitoring.HTTP_REQUESTS, deployment, hosts, canary)
     errors = _selector(monitoring.HTTP_REQUESTS, deployment, hosts, canary, ',status="5xx"')
-    return (f"sum({_by_release(f'rate({errors}[{window}])', release)}) / "
+    # vLLM makes the 5xx series only at its first 5xx: a clean canary has none, which is 0
+    return (f"(sum({_by_release(f'rate({errors}[{window}])', release)}) or vector(0)) / "
             f"sum({_by_release(f'rate({total}[{window}])', release)})")
 
 

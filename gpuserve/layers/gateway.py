@@ -65,9 +65,9 @@ def _keys(file: str | None, what: str, required: bool) -> list[str]:
 
 def _serving_certificates(state, host) -> bool:
     """workers-ca.pem from the serving hosts' own proxy certificates (public, not secrets);
-    an unreachable or certificate-less serving host fails the operation, naming it. Added on
-    every host (a no-op on all but the gateways without gateway_workers_ca_file), so that
-    pyinfra orders it after every serving host's proxy layer, which makes the certificates."""
+    an unreachable or certificate-less serving host fails the operation, naming it. Added on the
+    gateways without gateway_workers_ca_file only (on any other host a python.call would count
+    as a change, and a second converge must report none)."""
     settings = all_settings()
     mine = settings[host.name].gateway
     if mine is None or mine.workers_ca_file:
@@ -111,11 +111,14 @@ def _write_if_changed(h, path: str, content: str) -> bool:
 
 @deploy("Gateway")
 def gateway(settings: HostSettings) -> None:
-    python.call(name="Gateway: workers' CA from the serving hosts (after their proxy)",
-                function=_serving_certificates)
     g = settings.gateway
     if g is None:
         return
+    if not g.workers_ca_file:
+        # pyinfra orders operations by where they are called: deploys/serve.py calls this after
+        # every host's proxy layer, which makes the certificates this reads
+        python.call(name="Gateway: workers' CA from the serving hosts (after their proxy)",
+                    function=_serving_certificates)
     state = ctx_state.get()
     every = all_settings()
     # --- smg, pinned, in its own venv (uv from the control node; the wheelhouse when set) ---------

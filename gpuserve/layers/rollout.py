@@ -64,11 +64,14 @@ def _roll(state, host, kind: str) -> bool:
     order = [h.name for h in _hosts_in_order(state)]
     moves = [m for name in order for m in state._gpuserve_moves.get(name, [])]
     # a percentage counts the hosts in this run (pyinfra's --limit narrows it); the strictest wins
-    max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(order)) for n in order),
+    # hosts of role groups (gateway, monitor) move nothing: they neither count nor set the size
+    serving = [n for n in order if settings[n].serves] or order
+    max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(serving)) for n in serving),
                           default=1)
     if kind == "upgrade":   # the first batch is the canary (docs/monitoring.md, "Canary")
-        canaries = min((settings[n].monitor.canary_hosts for n in order), default=1)
-        plan = rollout.canary_batches(moves, order, max_unavailable, canaries)
+        canaries = min((settings[n].monitor.canary_hosts for n in serving), default=1)
+        # never more hosts out than max_unavailable, the canary included
+        plan = rollout.canary_batches(moves, order, max_unavailable, min(canaries, max_unavailable))
         why = canary_bake.refusal(settings, plan[0]) if plan else None
         if why:
             logger.error(f"--> {why}")

@@ -62,6 +62,20 @@ def test_promtool_evaluates_the_canary_queries(tmp_path, slow):
     assert [r.ok for r in verdicts] == ([False, False, False] if slow else [True, True, True])
 
 
+def test_a_canary_without_any_5xx_series_has_an_error_ratio_of_0(tmp_path):
+    # vLLM makes http_requests_total{status="5xx"} only at its first 5xx: a clean canary has none
+    clean = [x for x in series(tmp_path, False)
+             if not ('status="5xx"' in x["series"] and 'host="c1"' in x["series"])]
+    check = canary.bake_checks(M, "d", ["c1"], NEW, OLD)[0]
+    tests = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s", "input_series": clean,
+        "promql_expr_test": [{"expr": check.query, "eval_time": "9m",
+                              "exp_samples": [{"labels": "{}", "value": 0}]}]}]}
+    (tmp_path / "test.yml").write_text(json.dumps(tests))
+    result = promtool("test", "rules", "test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_a_slow_canary_breaches_and_the_message_names_query_value_and_threshold():
     check = canary.bake_checks(M, "d", ["c1"], NEW, OLD)[1]
     r = canary.evaluate(check, 4.8, 0.475)
