@@ -75,16 +75,24 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
     for dep in move.deployments:
         run(h, rollout.stop(dep), timeout=s.deployment(dep).shutdown_timeout_s + COMMAND_TIMEOUT_S)
 
-    run(h, f"mkdir -p -m 700 {stack.STACK_MOVING.rsplit('/', 1)[0]} && touch {stack.STACK_MOVING}")
-    deb_arch = run(h, "dpkg --print-architecture").strip()
-    for command in source_commands(t, move.os, deb_arch):
-        run(h, command, timeout=APT_TIMEOUT_S)
-    plan = gpu_ops._plan(target.specs, target.family, with_versions=True, get=get)
-    if plan.problems:   # nothing changed yet: serve again on the old stack, then halt
-        run(h, f"rm -f {stack.STACK_MOVING}")
+    resuming = shell(h, f"test -e {stack.STACK_MOVING}", COMMAND_TIMEOUT_S)[0]
+    try:
+        run(h, f"mkdir -p -m 700 {stack.STACK_MOVING.rsplit('/', 1)[0]} && touch {stack.STACK_MOVING}")
+        deb_arch = run(h, "dpkg --print-architecture").strip()
+        for command in source_commands(t, move.os, deb_arch):
+            run(h, command, timeout=APT_TIMEOUT_S)
+        plan = gpu_ops._plan(target.specs, target.family, with_versions=True, get=get)
+        if plan.problems:
+            raise MoveFailed(f"{h.name}: GPU stack move to {target.label} refused before any change: "
+                             + "; ".join(plan.problems))
+    except MoveFailed as exc:
+        if resuming:   # an earlier move changed the stack already: it must not serve unverified
+            _stays_out(h, move, "change", str(exc))
+        # nothing changed yet (the apt pin or sources aside; the holds keep every package): the
+        # host serves its old stack again, then the rollout halts
+        shell(h, f"rm -f {stack.STACK_MOVING}", COMMAND_TIMEOUT_S)
         _serve_again(h, move, s)
-        raise MoveFailed(f"{h.name}: GPU stack move to {target.label} refused before any change: "
-                         + "; ".join(plan.problems) + " (the host serves its old stack again)")
+        raise MoveFailed(f"{exc} (nothing was installed; the host serves its old stack again)") from None
     install = list(plan.install) + (gpu_ops.companions_for(t.driver_version, target.specs, get)
                                     if t.vendor == "nvidia" else [])
     logger.info(f"    [{h.name}] installing {target.label}")

@@ -224,3 +224,30 @@ def test_a_downgrade_takes_the_drivers_other_packages_along():
                "nvidia-container-toolkit": ["1.17.8-1"]}
     assert stack.companions(installed, ["nvidia-open"], offered, OLD) == [f"libcuda1={OLD}-1",
                                                                          f"nvidia-smi={OLD}-1"]
+
+
+@pytest.mark.parametrize("resuming", [False, True])
+def test_a_failure_before_any_package_changed_serves_the_old_stack_again_unless_resuming(settings, host_state,
+                                                                                          resuming):
+    class MirrorDown(Host):
+        def run_shell_command(self, command, _sudo=False, _timeout=None):
+            text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
+            if text == f"test -e {stack.STACK_MOVING}":
+                self.ran.append(text)
+                return resuming, SimpleNamespace(stdout="", stderr="", output="", stdout_lines=[])
+            if "apt-get update" in text:
+                self.ran.append(text)
+                return False, SimpleNamespace(stdout="", stderr="", output="Could not resolve mirror",
+                                              stdout_lines=[])
+            return super().run_shell_command(command, _sudo, _timeout)
+    h = MirrorDown()
+    if resuming:
+        with pytest.raises(MoveFailed, match="(?s)failed at change: .*Could not resolve mirror.*stays out"):
+            layer.move_stack(h, _move(settings), settings)
+        assert "start" not in _steps(h) and "in" not in _steps(h)
+    else:
+        with pytest.raises(MoveFailed, match="(?s)Could not resolve mirror.*nothing was installed; the host "
+                                             "serves its old stack again"):
+            layer.move_stack(h, _move(settings), settings)
+        assert _steps(h) == ["out", "stop", "start", "in"]
+        assert f"rm -f {stack.STACK_MOVING}" in h.ran
