@@ -24,9 +24,16 @@ DEP = "minimax"
 NEW = "580.105.08"
 
 
+def _health(f, host) -> int:
+    try:
+        return view.proxy_request(f.sandbox, host, f.certs, "/health", timeout=10)[0]
+    except OSError:   # the proxy is down with the host (a reboot): not ready yet
+        return 0
+
+
 def _ready(f, host, t0: float) -> float:
     deadline = t0 + 1200
-    while view.proxy_request(f.sandbox, host, f.certs, "/health")[0] != 200:
+    while _health(f, host) != 200:
         if time.monotonic() > deadline:
             raise SystemExit(f"{host.name}: not ready within 1200 s")
         time.sleep(0.5)
