@@ -38,12 +38,17 @@ def fail(message: str) -> FunctionCommand:
     return FunctionCommand(report, (), {})
 
 
+def _installed(get) -> dict[str, str]:
+    """Installed package -> its version, from the DebPackages fact."""
+    return {name: next(iter(versions)) for name, versions in get(DebPackages).items() if versions}
+
+
 def _plan(specs: list[PackageSpec], family: tuple[str, ...], with_versions: bool = False,
-          get=None) -> stack.PackagePlan:
+          get=None, installed: dict[str, str] | None = None) -> stack.PackagePlan:
     """The set's plan from facts read now: ``get`` is pyinfra's ``host.get_fact`` inside an
     operation, or a rollout's fresh read of another host (gpuserve.layers.remote.fact)."""
     get = get or host.get_fact
-    installed = {name: next(iter(versions)) for name, versions in get(DebPackages).items() if versions}
+    installed = _installed(get) if installed is None else installed
     held = get(AptHolds)
     plan = stack.plan_packages(specs, installed, held, None, family)
     if with_versions and plan.changes:
@@ -57,7 +62,7 @@ def companions_for(driver_version: str, specs: list[PackageSpec], get=None) -> l
     """apt-get install arguments for the driver's other installed packages (libcuda1, nvidia-smi,
     ...) at ``driver_version`` (gpuserve.stack.companions): a downgrade would leave them newer."""
     get = get or host.get_fact
-    installed = {n: next(iter(v)) for n, v in get(DebPackages).items() if v}
+    installed = _installed(get)
     names = [s.name for s in specs]
     candidates = [n for n in installed
                   if n not in names and any(fnmatch.fnmatchcase(n, p) for p in stack.NVIDIA_PIN_PATTERNS)
@@ -80,8 +85,9 @@ def pending_change(settings: stack.StackSettings, os: str, get=None) -> str | No
     get = get or host.get_fact
     t = stack.target(settings, os)
     module, loaded = module_state(settings.vendor, t.module_package, get)
-    installed = {name: next(iter(v)) for name, v in get(DebPackages).items() if v}
-    return stack.pending_reason(_plan(t.specs, t.family, get=get), module, loaded, t.specs, installed)
+    installed = _installed(get)   # read once: in a rollout every read is a command on the host
+    return stack.pending_reason(_plan(t.specs, t.family, get=get, installed=installed), module, loaded,
+                                t.specs, installed)
 
 
 @operation()
