@@ -9,7 +9,10 @@ loop; in order:
   * deploys/rollback.py --data rollback_stack=True with one host whose GPU fails admission after
     its reboot: that host stays out with its engine stopped, the rollback halts naming it and the
     check, the hosts after it keep their stack; with the fault cleared a rerun finishes it;
-  * a reboot on a host that does not serve: the converge ends only after its readiness gate.
+  * a reboot on a host that does not serve: the converge ends only after its readiness gate;
+  * deploys/upgrade.py with one host failing admission after its reboot: the same as the
+    rollback case, through the upgrade (it stays out, the upgrade halts naming it, no other host
+    changes).
 
 Slow (four engines, four reboots per rollout): `pytest -m slow tests/integration/test_stack_rollout.py`.
 """
@@ -137,3 +140,34 @@ def test_a_converge_that_reboots_a_host_that_does_not_serve_ends_after_its_gate(
     assert "readiness gate" in run.output
     # the run ended only once the host served again: asked right after pyinfra returned
     assert view.proxy_request(sandbox, h, fleet["certs"], "/health")[0] == 200
+
+
+def test_a_host_failing_admission_after_its_reboot_stays_out_and_halts_the_upgrade(fleet, sandbox, pyinfra):
+    """The same move through deploys/upgrade.py: the first host still to move fails admission after
+    its reboot; it stays out with its engine stopped, the upgrade halts naming it and the check,
+    and every other host keeps the stack it had. Runs alone as well as after the tests above."""
+    before = {h.name: _host_view(sandbox, h) for h in fleet["hosts"]}
+    to_move = [h for h in fleet["hosts"] if not _on(before[h.name], NEW)]
+    assert len(to_move) >= 2, before
+    bad, rest = to_move[0], to_move[1:]
+    sandbox.set_fault(bad, gpu=5, fault="ecc-uncorrectable")
+    try:
+        with LoadLoop(_endpoints(fleet, sandbox), fleet["key"], "tiny-chat") as loop:
+            loop.wait_until_serving()
+            run = pyinfra(INV, UPGRADE, "--data", f"nvidia_driver_version={NEW}")
+        assert run.returncode != 0
+        assert loop.stats.failed == 0, loop.stats.failures
+        assert f"upgrade halted in batch 1/{len(to_move)}" in run.output, run.output[-3000:]
+        assert re.search(rf"{bad.name}: GPU stack move to NVIDIA {NEW} .*failed at admission", run.output)
+        assert "ecc_uncorrectable is 1" in run.output
+        assert f"Not reached, still on their release: {', '.join(h.name for h in rest)}" in run.output
+        out = _host_view(sandbox, bad)
+        assert _on(out, NEW) and out["boot"] != before[bad.name]["boot"]      # moved and rebooted
+        assert out["drained"] and out["pid"] == "0"                             # out, engine stopped
+        for h in fleet["hosts"]:
+            if h is not bad:
+                after = _host_view(sandbox, h)
+                assert after["versions"] == before[h.name]["versions"] and after["boot"] == before[h.name]["boot"]
+                assert not after["drained"] and after["pid"] == before[h.name]["pid"]
+    finally:
+        sandbox.clear_faults(bad)
