@@ -373,6 +373,13 @@ PERSISTENCED_UNIT = "nvidia-persistenced"
 DCGM_UNIT = "nvidia-dcgm"
 DCGM_EXPORTER_UNIT = "nvidia-dcgm-exporter"   # datacenter-gpu-manager-exporter, metrics on :9400
 DCGM_EXPORTER_PORT = 9400
+# dcgm-exporter listens on every address (":9400") unless told otherwise; its `--address` flag
+# reads DCGM_EXPORTER_LISTEN too. Loopback only: the monitor reaches it through the host's TLS
+# exporter front (layers/monitoring.py), never directly.
+DCGM_EXPORTER_DROPIN = f"/etc/systemd/system/{DCGM_EXPORTER_UNIT}.service.d/gpuserve-listen.conf"
+DCGM_EXPORTER_LISTEN = f"127.0.0.1:{DCGM_EXPORTER_PORT}"
+DCGM_EXPORTER_DROPIN_TEXT = ("# gpuserve: the DCGM exporter on loopback only (the monitor scrapes it through nginx)\n"
+                             f"[Service]\nEnvironment=DCGM_EXPORTER_LISTEN={DCGM_EXPORTER_LISTEN}\n")
 
 
 def cuda_repo_dir(s: StackSettings, os: str, arch: str) -> str:

@@ -134,6 +134,15 @@ def _nvidia(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool):
     files.put(name=f"Pin the NVIDIA driver packages to {s.driver_version}",
               src=StringIO(stack.nvidia_preferences(s)), dest=stack.NVIDIA_PREFERENCES, mode="644")
     apt.packages(name="Python for the CUDA check", packages=["python3"])
+    if s.dcgm:
+        # not disruptive: the exporter serves the monitor only, and restarts in a second
+        listen = files.put(name=f"DCGM exporter on {stack.DCGM_EXPORTER_LISTEN} only",
+                           src=StringIO(stack.DCGM_EXPORTER_DROPIN_TEXT), dest=stack.DCGM_EXPORTER_DROPIN,
+                           mode="644")
+        server.shell(name="Restart the DCGM exporter on its new address",
+                     commands=[f"systemctl daemon-reload && if systemctl is-active -q {stack.DCGM_EXPORTER_UNIT}; "
+                               f"then systemctl restart {stack.DCGM_EXPORTER_UNIT}; fi"],
+                     _if=listen.did_change)
     if not disruptive:
         return None
     _held_set(f"NVIDIA stack ({s.driver_version}, {s.flavour})", stack.nvidia_packages(s, os),

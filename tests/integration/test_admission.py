@@ -119,6 +119,10 @@ def test_with_dcgm_its_quick_diagnostic_is_one_more_check_and_the_exporter_serve
     metrics = sandbox.ssh(host, "python3 -c \"import urllib.request as u; "
                                 "print(u.urlopen('http://127.0.0.1:9400/metrics').read().decode())\"").stdout
     assert 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3",' in metrics and "DCGM_FI_DEV_XID_ERRORS" in metrics
+    # on loopback only: from the host's own network address the port is closed
+    refused = sandbox.ssh(host, "python3 -c \"import socket; s = socket.socket(); s.settimeout(5); "
+                                f"print(s.connect_ex(('{host.ip}', 9400)))\"").stdout.strip()
+    assert refused != "0", f"the DCGM exporter answers on {host.ip}:9400"
 
     sandbox.set_fault(host, gpu=3, fault="row-remap-failure")
     run = pyinfra(INVENTORY, DEPLOY, *dcgm)

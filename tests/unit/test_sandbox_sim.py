@@ -234,3 +234,44 @@ def test_sim_dcgmi_quick_diag_fails_the_faulty_gpu_and_needs_the_host_engine(tmp
     assert bad.returncode == 226
     assert admission.parse_dcgm_diag(bad.stdout.splitlines()).results[6] == [
         ("software", "Fail", "GPU 6 had a row remapping failure: the GPU needs service.")]
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_sim_dcgm_exporter_listens_where_it_is_told_like_the_real_one(tmp_path, how):
+    """gpuserve's drop-in sets DCGM_EXPORTER_LISTEN=127.0.0.1:9400; the stand-in must honour it
+    (and `--address`) the way dcgm-exporter does, or the sandbox would hide an exporter open to all."""
+    import socket
+    import time
+    import urllib.request
+
+    from gpuserve import stack
+
+    root, _ = _host_root(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "GPUSERVE_SIM_HARDWARE": str(root / simgpu.HARDWARE_FILE),
+           "GPUSERVE_SIM_FAULTS": str(root / simgpu.FAULTS_FILE)}
+    listen = stack.DCGM_EXPORTER_LISTEN.replace(str(stack.DCGM_EXPORTER_PORT), str(port))
+    argv = [sys.executable, str(simgpu.FILES / "sim-dcgm-exporter")]
+    if how == "env":
+        env["DCGM_EXPORTER_LISTEN"] = listen
+    else:
+        argv += ["-a", listen]
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        for _ in range(100):   # bounded: 10 s
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("the stand-in exporter never answered")
+        assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in body
+        listening = [line.split()[1] for line in open("/proc/net/tcp").read().splitlines()[1:]
+                     if line.split()[3] == "0A"]            # state LISTEN: local address as hex ip:port
+        assert f"0100007F:{port:04X}" in listening and f"00000000:{port:04X}" not in listening
+    finally:
+        proc.terminate()
+        proc.wait(10)
