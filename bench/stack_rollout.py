@@ -8,16 +8,21 @@ Side by side in one run, on the same hosts:
   * one host's reboot-to-ready: a reboot, until the proxy's /health answers 200;
   * the rolling driver upgrade (580.95.05 -> 580.105.08, max_unavailable 1): wall time, and wall
     time / (4 x stop-to-ready) and / (4 x reboot-to-ready); failed requests; fewest hosts in rotation.
+
+It draws the upgrade's timeline (hosts in and out of rotation, every request's latency) to
+bench/stack_rollout.png (gpuserve_sandbox.timeline).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from benchfleet import arguments, fleet, median, table
 
 from gpuserve import layout
 from gpuserve_sandbox import fleet as view
+from gpuserve_sandbox import timeline
 from gpuserve_sandbox.loadloop import LoadLoop
 
 DEP = "minimax"
@@ -67,6 +72,8 @@ def main() -> None:
             loop.wait_until_serving()
             up = f.pyinfra("deploys/upgrade.py", "--data", f"nvidia_driver_version={NEW}")
         s = loop.stats
+        png = timeline.plot(s, Path(__file__).with_suffix(".png"),
+                            f"Driver {NEW} rolled over {n} serving hosts (deploys/upgrade.py, max_unavailable 1)")
         moved = sum(1 for h in f.hosts if f.sandbox.ssh(
             h, "dpkg-query -W -f='${Version}' nvidia-open").stdout.startswith(NEW))
         table(f"Rolling driver upgrade of {n} hosts under a client loop (max_unavailable 1)", [
@@ -80,6 +87,7 @@ def main() -> None:
             ("requests failed", str(s.failed), "target 0"),
             ("fewest hosts in rotation", str(s.min_in_rotation), f"target {n - 1}"),
         ])
+        print(f"timeline: {png}")
         for failure in s.failures[:5]:
             print(f"  failure: {failure}")
 

@@ -31,6 +31,9 @@ class LoadStats:
     min_in_rotation: int | None = None
     by_host: dict[str, int] = field(default_factory=dict)
     rotation: list[str] = field(default_factory=list)   # "HH:MM:SS host in|out (why)"
+    # for timelines (gpuserve_sandbox.timeline), seconds since the loop started:
+    requests: list[tuple[float, str, int, float]] = field(default_factory=list)  # (t, host, status, latency s)
+    moves: list[tuple[float, str, bool]] = field(default_factory=list)           # (t, host, now in rotation)
 
 
 class LoadLoop:
@@ -40,14 +43,17 @@ class LoadLoop:
     """
 
     def __init__(self, endpoints: dict[str, tuple[str, str]], api_key: str, model: str,
-                 *, health_interval: float = 0.2, max_tokens: int = 8, workers: int = 2):
+                 *, health_interval: float = 0.2, max_tokens: int = 8, workers: int = 2,
+                 prompt: str = "Hello!"):
         self.endpoints = endpoints
         self.api_key = api_key
         self.model = model
         self.health_interval = health_interval
         self.max_tokens = max_tokens
         self.workers = workers
+        self.prompt = prompt
         self.stats = LoadStats()
+        self.t0 = time.monotonic()
         self._in_rotation: set[str] = set()
         self._checked: set[str] = set()   # hosts checked at least once
         self._lock = threading.Lock()
@@ -94,6 +100,8 @@ class LoadLoop:
                     self._in_rotation.add(name)
                 else:
                     self._in_rotation.discard(name)
+                if was != up:
+                    self.stats.moves.append((now - self.t0, name, up))
                 if was != up and self.stats.sent:
                     why = ("health 200" if up else
                            "no answer" if status == TIMED_OUT else f"health {status}")
@@ -116,10 +124,13 @@ class LoadLoop:
                 continue
             name = hosts[i % len(hosts)]
             i += 1
+            start = time.monotonic()
             status = self._get(name, "/v1/chat/completions", {
                 "model": self.model, "max_tokens": self.max_tokens,
-                "messages": [{"role": "user", "content": "Hello!"}]})
+                "messages": [{"role": "user", "content": self.prompt}]})
+            end = time.monotonic()
             with self._lock:
+                self.stats.requests.append((start - self.t0, name, status, end - start))
                 self.stats.sent += 1
                 self.stats.by_host[name] = self.stats.by_host.get(name, 0) + 1
                 if status == 200:
@@ -138,6 +149,7 @@ class LoadLoop:
         raise TimeoutError(f"not every host is in rotation after {timeout} s: {sorted(self._in_rotation)}")
 
     def __enter__(self) -> "LoadLoop":
+        self.t0 = time.monotonic()
         self._threads = [threading.Thread(target=self._health, args=(name,), daemon=True)
                          for name in self.endpoints]
         self._threads += [threading.Thread(target=self._client, args=(k,), daemon=True)
