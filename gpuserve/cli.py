@@ -60,13 +60,17 @@ def _ssh_fetch(inventory, monitor: str) -> Iterator[Callable[[list[str]], list[s
     settings of a deploy, as ``gpuserve status`` and the canary bake use them."""
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all, disconnect_all
+    from pyinfra.api.exceptions import PyinfraError
 
     from gpuserve.layers.remote import MoveFailed, run
 
     host = inventory.get_host(monitor)
     state = State(inventory, Config(CONNECT_TIMEOUT=10), initial_limit=[host])
     try:
-        connect_all(state)
+        try:
+            connect_all(state)
+        except PyinfraError:   # pyinfra: "No hosts remaining!" (it logged why above)
+            pass
         if host not in state.active_hosts:
             raise click.ClickException(f"cannot connect to the monitor host {monitor} over SSH; "
                                        "or reach its Prometheus yourself and pass --prometheus URL")

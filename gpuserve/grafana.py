@@ -163,9 +163,15 @@ def fleet() -> dict:
         panel("timeseries", "5xx share (5m)", [target(rec("gpuserve:request_errors:ratio_rate5m"),
                                                       "{{host}} {{deployment}}")],
               unit="percentunit"),
-        panel("table", "Release and engine state by host",
-              [target(_f(f"{m.RELEASE_INFO}{{}}", **SEL), instant=True, table=True),
-               target(up, instant=True, table=True)], w=24),
+        dict(panel("table", "Release and engine up by host",
+                   [target(_f(f"{m.RELEASE_INFO}{{}}", **SEL), instant=True, table=True),
+                    target(up, instant=True, table=True)], w=24,
+                   description="Value #A: 1 per release served; Value #B: the engine's /metrics "
+                               "answers (1) or not (0)"),
+             # one row per host and deployment: both queries joined on their labels
+             transformations=[{"id": "merge", "options": {}},
+                              {"id": "organize", "options": {"excludeByName": {
+                                  "Time": True, "__name__": True, "instance": True, "job": True}}}]),
     ], [HOSTS_VAR, DEPLOYMENT_VAR])
 
 

@@ -235,9 +235,9 @@ def frame(targets: Sequence[tuple[str, str]], a: Answers, *, source: str, now: d
     rs = rows(targets, a)
     up = sum(r.engine.startswith("up") for r in rs)
 
-    def total(field):
-        vals = [float(getattr(r, field)) for r in rs if getattr(r, field) != "-"]
-        return sum(vals)
+    def total(key):   # over the rows shown, from the answers (not their rounded text)
+        idx = _index(a.get(key), ("host", "deployment"))
+        return sum(s.value for t in targets if (s := idx.get(tuple(t))) and not math.isnan(s.value))
     every = f", every {interval:g} s (Ctrl-C quits)" if interval else ""
     lines = [f"gpuserve top: {source}, {now:%Y-%m-%d %H:%M:%S} UTC{every}",
              f"engines up {up}/{len(rs)}, requests running {total('running'):.0f}, "

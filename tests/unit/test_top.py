@@ -90,7 +90,7 @@ def test_the_frame_has_a_title_a_summary_the_table_and_what_failed():
                      now=datetime(2026, 12, 4, 22, 0, tzinfo=timezone.utc), interval=5)
     lines = text.splitlines()
     assert lines[0] == "gpuserve top: Prometheus on mon-1, 2026-12-04 22:00:00 UTC, every 5 s (Ctrl-C quits)"
-    assert lines[1] == "engines up 2/3, requests running 8, waiting 1, tokens/s 255.2"
+    assert lines[1] == "engines up 2/3, requests running 8, waiting 1, tokens/s 255.6"
     assert lines[3].split() == ["HOST", "DEPLOYMENT", "RELEASE", "ENGINE", "RUN", "WAIT", "TOK/S",
                                 "TTFT50", "TTFT95", "KV", "PREFIX", "GPU"]
     assert [ln.split()[0] for ln in lines[4:7]] == ["gpu-1", "gpu-2", "gpu-3"]
@@ -145,6 +145,17 @@ def test_top_refuses_a_url_that_is_not_http(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["top", "--once", "--prometheus", "127.0.0.1:9090",
                                        str(write_inventory(tmp_path))])
     assert result.exit_code == 2 and "http:// or https:// URL" in result.output
+
+
+def test_top_says_when_it_cannot_reach_the_monitor_host(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    inv = tmp_path / "inv.py"   # a monitor host on a loopback port nothing listens on
+    inv.write_text('cpu = ["gpu-1"]\n'
+                   f'monitor = [("mon-x", {{"ssh_hostname": "127.0.0.1", "ssh_port": {free_port()}}})]\n')
+    result = CliRunner().invoke(main, ["top", "--once", str(inv)])
+    assert result.exit_code == 1, result.output
+    assert "cannot connect to the monitor host mon-x over SSH" in result.output
+    assert "--prometheus URL" in result.output
 
 
 # --- a real Prometheus on loopback ----------------------------------------------------------------
