@@ -379,3 +379,12 @@ def test_split_batch_with_or_without_the_last_newline_and_refuses_a_short_answer
         top.split_batch(text, 3)
     with pytest.raises(ValueError, match="unexpected output"):
         top.split_batch(text + "curl: (7) refused", 2)
+
+
+def test_top_limit_shows_only_the_chosen_hosts(prometheus, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(main, ["top", "--prometheus", prometheus, "--once", "--limit", "gpu-2",
+                                       str(write_inventory(tmp_path))])
+    assert result.exit_code == 0, result.output
+    hosts = [ln.split()[0] for ln in result.output.splitlines() if ln.startswith("gpu-")]
+    assert hosts == ["gpu-2"] and "engines up 1/1, requests running 5, waiting 0" in result.output
