@@ -72,15 +72,16 @@ def _ssh_fetch(inventory, monitor: str) -> Iterator[Callable[[list[str]], list[s
         except PyinfraError:   # pyinfra: "No hosts remaining!" (it logged why above)
             pass
         if host not in state.active_hosts:
-            raise click.ClickException(f"cannot connect to the monitor host {monitor} over SSH; "
-                                       "or reach its Prometheus yourself and pass --prometheus URL")
+            raise click.ClickException(f"cannot connect to the monitor host {monitor} over SSH (pyinfra "
+                                       "says why above); reach its Prometheus another way and pass "
+                                       "--prometheus URL")
 
         def fetch(queries: list[str]) -> list[str]:
             try:
                 out = run(host, top_view.batch_command(queries), top_view.QUERY_TIMEOUT_S * len(queries) + 10)
-            except MoveFailed as exc:
+                return top_view.split_batch(out, len(queries))
+            except (MoveFailed, ValueError) as exc:
                 raise click.ClickException(f"cannot ask Prometheus on {monitor}: {exc}") from None
-            return top_view.split_batch(out, len(queries))
         yield fetch
     finally:
         disconnect_all(state)
