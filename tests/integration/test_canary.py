@@ -53,8 +53,10 @@ def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory
 
 
 @pytest.fixture(scope="module")
-def converged(fleet, pyinfra):
-    return pyinfra(INV, SERVE, *fleet["data"]).check()
+def converged(fleet, sandbox):
+    from gpuserve_sandbox.runner import run_pyinfra
+
+    return run_pyinfra(INV, SERVE, *fleet["data"], instance=sandbox.instance).check()
 
 
 def _upgrade(fleet, sandbox, pyinfra, *extra):
