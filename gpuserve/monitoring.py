@@ -29,6 +29,7 @@ ALERTMANAGER_PORT = 9093     # on the monitor host, loopback only
 NODE_EXPORTER_PORT = 9100    # on every host, loopback only
 NODE_EXPORTER_TLS_PORT = 9101  # nginx in front of it: operator/monitor networks only
 DCGM_EXPORTER_PORT = 9400    # NVIDIA's datacenter-gpu-manager-exporter (GPU-stack layer)
+GATEWAY_METRICS_PATH = "/smg/metrics"   # smg's /metrics on a gateway host's exporters' front
 
 PROMETHEUS_DIR = "/etc/prometheus"
 PROMETHEUS_YML = f"{PROMETHEUS_DIR}/prometheus.yml"
@@ -38,7 +39,7 @@ SCRAPE_SECRETS_DIR = f"{PROMETHEUS_DIR}/gpuserve-keys"   # operator keys prometh
 SCRAPE_CA_DIR = f"{PROMETHEUS_DIR}/gpuserve-ca"          # certificates of hosts' fronts
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"       # Debian's node-exporter textfile dir
 
-ENGINE_JOB, NODE_JOB, DCGM_JOB = "gpuserve-engine", "node", "dcgm"
+ENGINE_JOB, NODE_JOB, DCGM_JOB, GATEWAY_JOB = "gpuserve-engine", "node", "dcgm", "smg"
 
 # vLLM's names (vllm/v1/metrics/loggers.py) and SGLang's (sglang/srt/metrics/collector.py)
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
@@ -116,6 +117,7 @@ class NodeTarget:
     ca_file: str | None = None
     dcgm: bool = False        # an NVIDIA host with the DCGM exporter
     operator_key_file: str | None = None
+    smg_metrics: str | None = None   # a gateway host: where smg's /metrics listens there (host:port)
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,18 @@ def scrape_configs(plan: Plan) -> list[dict]:
                 "relabel_configs": _relabel_job(DCGM_JOB),
                 **({"authorization": {"type": "Bearer", "credentials_file": n.operator_key_file}}
                    if n.operator_key_file else {}),
+            })
+        if n.smg_metrics:
+            # smg's metrics listen on the gateway's loopback (or the monitor network): nginx fronts
+            # them under /smg on the same TLS port, for the monitor and operator networks only
+            jobs.append({
+                "job_name": f"{GATEWAY_JOB}/{n.host}",
+                "scheme": "https",
+                "metrics_path": GATEWAY_METRICS_PATH,
+                "tls_config": _tls(n.ca_file, n.host if n.ca_file else None),
+                "static_configs": [{"targets": [_hostport(n.address, NODE_EXPORTER_TLS_PORT)],
+                                    "labels": {"host": n.host}}],
+                "relabel_configs": _relabel_job(GATEWAY_JOB),
             })
     return jobs
 
@@ -360,6 +374,13 @@ def rules_yml(m: MonitorSettings) -> str:
         json.dumps(conf, indent=2) + "\n"
 
 
+def smg_metrics(settings) -> str | None:
+    """Where smg's /metrics listens on a gateway host (host:port, as the host itself reaches it);
+    None on other hosts."""
+    gw = getattr(settings, "gateway", None)
+    return _hostport(gw.metrics_host, gw.metrics_port) if gw else None
+
+
 def plan_targets(hosts: Mapping[str, object], addresses: Mapping[str, str]) -> Plan:
     """The scrape plan from validated settings (gpuserve.config.HostSettings by host name).
     ``addresses``: where the monitor reaches each host (its ssh_hostname, else its name)."""
@@ -371,7 +392,8 @@ def plan_targets(hosts: Mapping[str, object], addresses: Mapping[str, str]) -> P
         cert = bool(s.proxy and s.proxy_tls_cert_file)
         # the exporters' front has a self-signed certificate and lets in addresses, not keys
         nodes.append(NodeTarget(name, address,
-                                dcgm=bool(s.serves and s.stack.vendor == "nvidia" and s.stack.dcgm)))
+                                dcgm=bool(s.serves and s.stack.vendor == "nvidia" and s.stack.dcgm),
+                                smg_metrics=smg_metrics(s)))
         if not s.serves:
             continue
         for d in s.deployments:

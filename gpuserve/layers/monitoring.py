@@ -60,12 +60,18 @@ def _networks(settings: HostSettings, monitors: list[str]) -> list[str]:
     return list(dict.fromkeys(nets))
 
 
-def exporters_conf(networks: list[str], dcgm: bool, tls_include: str) -> str:
+def exporters_conf(networks: list[str], dcgm: bool, tls_include: str, smg_metrics: str | None = None) -> str:
+    """The exporters' TLS front: node-exporter, and the DCGM exporter (NVIDIA hosts with dcgm)
+    and smg's metrics (gateway hosts, ``smg_metrics`` = host:port) where the host has them."""
     allow = "".join(f"    allow {net};\n" for net in networks)
     dcgm_block = (
         "    location = /dcgm/metrics {\n"
         f"        proxy_pass http://127.0.0.1:{monitoring.DCGM_EXPORTER_PORT}/metrics;\n"
         "    }\n") if dcgm else ""
+    if smg_metrics:
+        dcgm_block += (f"    location = {monitoring.GATEWAY_METRICS_PATH} {{\n"
+                       f"        proxy_pass http://{smg_metrics}/metrics;\n"
+                       "    }\n")
     return (
         "# Managed by gpuserve (pyinfra): the exporters' TLS front, for the monitor hosts and the\n"
         "# operator networks only (gpuserve/layers/monitoring.py)\n"
@@ -132,7 +138,8 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
     include, tls = _exporters_tls()
     dcgm = settings.serves and settings.stack.vendor == "nvidia" and settings.stack.dcgm
     conf = files.put(name="Exporters' TLS front (monitor and operator networks only)",
-                     src=StringIO(exporters_conf(_networks(settings, monitors), dcgm, include)),
+                     src=StringIO(exporters_conf(_networks(settings, monitors), dcgm, include,
+                                                 monitoring.smg_metrics(settings))),
                      dest=EXPORTERS_CONF, user="root", group="root", mode="644")
     systemd.service(name="nginx running", service="nginx", running=True, enabled=True)
     server.shell(name="Reload nginx (exporters' front)",

@@ -1,14 +1,15 @@
-"""Monitoring on real sandbox hosts: a serving cpu host and a monitor host (issue 15).
+"""Monitoring on real sandbox hosts: a serving cpu host, a gateway host and a monitor host
+(issue 15).
 
 - the converge installs node-exporter, the exporters' TLS front, the watchdog, Prometheus and
   alertmanager, and a second converge changes nothing;
-- the monitor scrapes every target; the exporters and Prometheus are not open to this machine
-  (a client's point of view);
+- the monitor scrapes every target (the engine, every node-exporter, the gateway's smg); the
+  exporters, smg's metrics and Prometheus are not open to this machine (a client's point of view);
 - the hang: SIGSTOP of the engine core while requests run; /health stays 200 (so /health-only
   monitoring misses it), the watchdog restarts the engine within watchdog_stall_s + 30 s, and
   Prometheus shows GpuserveWatchdogRestarted firing.
 
-Slow (a fresh cpu host's engine install and start, then a hang): about 8 minutes on 2 cores.
+Slow (a fresh cpu host's engine install and start, a gateway, then a hang): about 10 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ OPERATOR_KEY = "sandbox-operator-monitor-0123456789ABCDEFabcdef"
 
 @pytest.fixture(scope="module")
 def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
-    serving, monitor = make_hosts(["cpu", "monitor"])
+    serving, gateway, monitor = make_hosts(["cpu", "gateway", "monitor"])
     files = tmp_path_factory.mktemp("monitoring")
     keys = files / "operator-keys"
     keys.write_text(OPERATOR_KEY + "\n")
@@ -40,7 +41,7 @@ def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory
     data = ["--data", f"operator_keys_file={keys}", "--data", "monitor_scrape_interval_s=5",
             "--data", f"watchdog_stall_s={STALL_S}", "--data", "watchdog_probe_timeout_s=120",
             "--data", "alert_nvme_free_gib=1"]
-    return {"serving": serving, "monitor": monitor, "certs": files, "data": data,
+    return {"serving": serving, "gateway": gateway, "monitor": monitor, "certs": files, "data": data,
             "key": fleet_view.client_key(sandbox)}
 
 
@@ -66,15 +67,16 @@ def test_a_second_converge_changes_nothing(fleet, converged, sandbox):
 
 
 def test_the_monitor_scrapes_every_target_and_nothing_is_open_to_clients(fleet, converged, sandbox):
-    serving, monitor = fleet["serving"], fleet["monitor"]
+    serving, gateway, monitor = fleet["serving"], fleet["gateway"], fleet["monitor"]
     up = {}
     for _ in range(30):   # the first scrapes (every 5 s), bounded
         up = {(r["metric"].get("job"), r["metric"].get("host")): r["value"][1]
               for r in hang.prometheus(sandbox, monitor, "up")}
-        if len(up) >= 4 and set(up.values()) == {"1"}:
+        if len(up) >= 6 and set(up.values()) == {"1"}:
             break
         subprocess.run(["sleep", "2"])
     assert up == {("gpuserve-engine", serving.name): "1", ("node", serving.name): "1",
+                  ("node", gateway.name): "1", ("smg", gateway.name): "1",
                   ("node", monitor.name): "1", ("prometheus", None): "1"}, up
     release = hang.prometheus(sandbox, monitor, "gpuserve_release_info")
     assert [r["metric"]["host"] for r in release] == [serving.name]
@@ -82,9 +84,11 @@ def test_the_monitor_scrapes_every_target_and_nothing_is_open_to_clients(fleet, 
     curl = ["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"]
     assert subprocess.run([*curl, f"https://{serving.ip}:9101/metrics"],
                           capture_output=True, text=True).stdout == "403"
+    assert subprocess.run([*curl, f"https://{gateway.ip}:9101/smg/metrics"],
+                          capture_output=True, text=True).stdout == "403"
     assert subprocess.run([*curl, f"https://{serving.ip}:8443/metrics"],
                           capture_output=True, text=True).stdout == "401"
-    for ip, port in ((serving.ip, 9100), (monitor.ip, 9090), (monitor.ip, 9093)):
+    for ip, port in ((serving.ip, 9100), (gateway.ip, 29000), (monitor.ip, 9090), (monitor.ip, 9093)):
         assert subprocess.run([*curl, f"http://{ip}:{port}/"], capture_output=True,
                               text=True).stdout == "000", f"{ip}:{port} answers this machine"
 

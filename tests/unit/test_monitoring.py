@@ -273,3 +273,29 @@ def test_plan_shows_a_monitor_host_as_serving_nothing(tmp_path):
     assert "gpu-1" in text and "cpu-1" in text
     entries = json.loads(render_plan(settings, "json"))
     assert {"host": "mon-1", "groups": ["monitor", "fleet"], "serves": False, "gateway": None} in entries
+
+
+def test_a_gateway_host_is_scraped_through_its_exporters_front(tmp_path):
+    """smg's metrics listen on the gateway's loopback: the monitor scrapes them under /smg on the
+    TLS front the monitor and operator networks reach; no other host gets that job."""
+    from gpuserve.layers.monitoring import exporters_conf
+
+    keys = tmp_path / "api-keys"
+    keys.write_text("client-key-0123456789abcdef\n")
+    keys.chmod(0o600)
+    inv = Inventory(
+        ([("gpu-1", {"ssh_hostname": "10.0.0.11"}), ("gw-1", {"ssh_hostname": "10.0.0.30"}), ("mon-1", {})], {}),
+        hopper_x8=(["gpu-1"], {**HARDWARE["hopper_x8"], "proxy": True,
+                               "api_keys_file": str(tmp_path / "api-keys")}),
+        gateway=(["gw-1"], {}), monitor=(["mon-1"], {}),
+        fleet=(["gpu-1", "gw-1", "mon-1"], {"model_revision": SHA, "api_keys_file": str(tmp_path / "api-keys")}))
+    settings = validate_inventory(inv)
+    plan = monitoring.plan_targets(settings, {"gpu-1": "10.0.0.11", "gw-1": "10.0.0.30"})
+    assert [(n.host, n.smg_metrics) for n in plan.nodes] == [
+        ("gpu-1", None), ("gw-1", "127.0.0.1:29000"), ("mon-1", None)]
+    jobs = [j for j in monitoring.scrape_configs(plan) if j["job_name"].startswith("smg/")]
+    assert [(j["job_name"], j["metrics_path"], j["static_configs"][0]["targets"]) for j in jobs] == [
+        ("smg/gw-1", "/smg/metrics", [f"10.0.0.30:{monitoring.NODE_EXPORTER_TLS_PORT}"])]
+    front = exporters_conf(["10.0.0.5/32"], False, "/etc/x.conf", monitoring.smg_metrics(settings["gw-1"]))
+    assert "location = /smg/metrics {\n        proxy_pass http://127.0.0.1:29000/metrics;" in front
+    assert "smg" not in exporters_conf(["10.0.0.5/32"], False, "/etc/x.conf", monitoring.smg_metrics(settings["gpu-1"]))
