@@ -13,7 +13,7 @@ changes.
 
 from pyinfra import host, logger
 
-from gpuserve.layers.base import base_layout
+from gpuserve.layers.base import base_layout, ordering_point
 from gpuserve.layers.context import all_settings, host_settings
 from gpuserve.layers.engine import engine
 from gpuserve.layers.gateway import gateway
@@ -42,6 +42,8 @@ if settings.serves:   # False on a host of role groups only (gateway, monitor): 
     proxy(settings, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
 
 # --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy
+if settings.serves or settings.gateway:
+    ordering_point()   # the gateways read the serving hosts' proxy certificates: after them
 gateway(settings)
 
 # --- monitoring (docs/monitoring.md): only when the inventory has hosts in group monitor ---

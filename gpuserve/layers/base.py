@@ -41,3 +41,18 @@ def base_layout(nvme_path: str, deployments: list[str]) -> None:
                         user="root", group=layout.SERVICE_GROUP, mode="750")
         files.directory(name=f"Compile caches of {name}", path=layout.cache_dir(nvme_path, name),
                         user=layout.SERVICE_USER, group=layout.SERVICE_GROUP, mode="750")
+
+
+@deploy("Ordering point: every host's own layers before the gateways")
+def ordering_point() -> None:
+    """One operation every serving and gateway host runs from the same call site.
+
+    pyinfra 3 orders a run's operations as a DAG: each host's operations in the order it adds
+    them, and operations from the same call site are one node shared by every host. A gateway
+    host adds only gateway operations, so without a shared node its first one (reading the
+    serving hosts' proxy certificates) would run at the serving hosts' first step, before any
+    proxy exists. This node comes after every serving host's proxy layer, so what the gateway
+    layer adds after it does too. It only makes sure the configuration root exists: no change
+    once a host has it (its owner and mode are the base layout's to set).
+    """
+    files.directory(name="Configuration root exists", path=layout.ETC_DIR)

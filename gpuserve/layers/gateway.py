@@ -23,7 +23,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
-from pyinfra.facts.files import Directory
+from pyinfra.facts.files import Directory, FileContents
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
@@ -87,8 +87,34 @@ def _serving_certificates(state, host) -> bool:
             logger.error(f"    [{host.name}] {h.name} has no proxy certificate ({NGINX_DIR}/tls.crt); "
                          "converge it first (deploys/serve.py)")
             return False
-        pems.append(f"# {h.name}\n{out.stdout.strip()}\n")
+        pems.append(_ca_entry(h.name, out.stdout))
     return _write_if_changed(host, gw.WORKERS_CA, "".join(pems))
+
+
+def _ca_entry(name: str, pem: str) -> str:
+    return f"# {name}\n{pem.strip()}\n"
+
+
+def _workers_ca_current(state) -> bool:
+    """Plan time: whether the gateway's CA file already holds exactly every serving host's proxy
+    certificate, read now. Then no step is added, so a second converge reports no change.
+    False (the step is added and reads them when it runs) when a serving host is outside this
+    run, has no certificate yet, or gets its certificate from the control node this run."""
+    settings = all_settings()
+    pems = []
+    for h in state.inventory:
+        s = settings.get(h.name)
+        if s is None or not s.serves:
+            continue
+        if h not in state.activated_hosts or s.proxy_tls_cert_file:
+            return False
+        lines = h.get_fact(FileContents, path=f"{NGINX_DIR}/tls.crt")
+        pem = "\n".join(lines or [])
+        if "BEGIN CERTIFICATE" not in pem:
+            return False
+        pems.append(_ca_entry(h.name, pem))
+    have = host.get_fact(FileContents, path=gw.WORKERS_CA)
+    return have is not None and "\n".join(have).strip() == "".join(pems).strip()
 
 
 def _write_if_changed(h, path: str, content: str) -> bool:
@@ -114,12 +140,12 @@ def gateway(settings: HostSettings) -> None:
     g = settings.gateway
     if g is None:
         return
-    if not g.workers_ca_file:
-        # pyinfra orders operations by where they are called: deploys/serve.py calls this after
-        # every host's proxy layer, which makes the certificates this reads
+    state = ctx_state.get()
+    if not g.workers_ca_file and not _workers_ca_current(state):
+        # deploys/serve.py runs this after every host's proxy layer, which makes the certificates
+        # it reads: behind layers.base.ordering_point, a step serving and gateway hosts share
         python.call(name="Gateway: workers' CA from the serving hosts (after their proxy)",
                     function=_serving_certificates)
-    state = ctx_state.get()
     every = all_settings()
     # --- smg, pinned, in its own venv (uv from the control node; the wheelhouse when set) ---------
     files.directory(name="Engine tools", path=eng.BIN_DIR, user="root", group="root", mode="755")
