@@ -176,7 +176,7 @@ def test_renaming_a_serving_deployment_fails_no_request(fleet, sandbox, pyinfra)
     assert _enabled(sandbox, h, old_watchdog) != "enabled"
     assert _there(sandbox, h, f"/etc/systemd/system/multi-user.target.wants/{old_watchdog}",
                   *removal.textfiles("minimax")) == []
-    assert _sh(sandbox, h, "pgrep -af 'gpuserve-watchdog /etc/gpuserve/minimax/' || true").strip() == ""
+    assert _sh(sandbox, h, "pgrep -af '[g]puserve-watchdog /etc/gpuserve/minimax/' || true").strip() == ""
     assert _active(sandbox, h, removal.watchdog_unit("fast")) == "active"
     # the new one serves, and holds the port the old one had
     assert _active(sandbox, h, layout.unit_name("fast")) == "active"
