@@ -125,6 +125,10 @@ def marked_paths() -> tuple[str, ...]:
     return tuple(p for p, _ in MARKED)
 
 
+def services() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(svc for _, svc in MARKED if svc))
+
+
 def is_nginx_path(path: str) -> bool:
     return path.startswith(("/etc/nginx/", NGINX_DROPIN))
 
@@ -166,6 +170,9 @@ def footprint_command(nvme_path: str) -> str:
         "[ -L \"$p\" ] && echo \"link $p\"; done; "
         f"for p in {marked}; do [ -f \"$p\" ] && head -n1 \"$p\" | grep -q {managed} "
         "&& echo \"marked $p\"; done; "
+        f"for s in {' '.join(services())}; do "
+        "echo \"svc $s $(systemctl show -p ActiveState --value $s 2>/dev/null || true) "
+        "$(systemctl is-enabled $s 2>/dev/null | head -n1)\"; done; "
         "echo \"nginx $(systemctl is-active nginx 2>/dev/null || true)\"; "
         # the user only when it is the one gpuserve.layers.base made (its comment says so)
         f"getent passwd {layout.SERVICE_USER} | cut -d: -f5 | grep -qxF {shlex.quote(USER_COMMENT)} "
@@ -232,6 +239,7 @@ class Footprint:
     group: bool = False                # the service group
     marked: tuple[str, ...] = ()       # the MARKED files that are there and start with MANAGED
     links: tuple[str, ...] = ()        # those of host_paths that are symbolic links
+    service_states: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # (active, enabled)
 
     @property
     def empty(self) -> bool:
@@ -245,6 +253,7 @@ def parse_footprint(lines: Iterable[str], nvme_path: str) -> Footprint:
     host: list[str] = []
     links: set[str] = set()
     marked: set[str] = set()
+    svc_states: dict[str, tuple[str, str]] = {}
     nginx = user = group = no_user = False
     allowed_host = set(host_paths(nvme_path))
     for line in lines:
@@ -270,6 +279,11 @@ def parse_footprint(lines: Iterable[str], nvme_path: str) -> Footprint:
             links.add(rest)
         elif kind == "marked" and rest in marked_paths():
             marked.add(rest)
+        elif kind == "svc":
+            name, _, value = rest.partition(" ")
+            if name in services():
+                active, _, enabled = value.partition(" ")
+                svc_states[name] = (active, enabled.strip() or "-")
         elif kind == "nginx":
             nginx = rest.strip() == "active"
         elif kind == "user":
@@ -290,7 +304,7 @@ def parse_footprint(lines: Iterable[str], nvme_path: str) -> Footprint:
     # while another user of that name exists
     return Footprint(found, tuple(p for p in order if p in host), nginx, user,
                      group and (user or no_user), tuple(p for p in marked_paths() if p in marked),
-                     tuple(p for p in order if p in host and p in links))
+                     tuple(p for p in order if p in host and p in links), svc_states)
 
 
 # --- what goes ----------------------------------------------------------------------------------
@@ -374,10 +388,27 @@ def decommission_paths(footprint: Footprint) -> tuple[str, ...]:
     return (*out, *footprint.marked)
 
 
-def decommission_services(footprint: Footprint) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class ServiceStop:
+    """A service whose configuration decommission removes: what stopping it takes. ``stop`` is
+    systemd's ActiveState, not pyinfra's running fact: a unit in a restart loop (activating,
+    auto-restart) is not "running" to pyinfra, and would come back after its files went."""
+
+    name: str
+    stop: bool
+    disable: bool
+
+
+def decommission_services(footprint: Footprint) -> tuple[ServiceStop, ...]:
     """The services whose configuration decommission removes (MARKED files that are gpuserve's):
-    stopped and disabled before their files go. Their packages stay."""
-    return tuple(dict.fromkeys(svc for p, svc in MARKED if svc and p in footprint.marked))
+    stopped and disabled before their files go, where they run or are enabled. Their packages
+    stay."""
+    out = []
+    for name in dict.fromkeys(svc for p, svc in MARKED if svc and p in footprint.marked):
+        active, enabled = footprint.service_states.get(name, ("", "-"))
+        if _running(active) or _enabled(enabled):
+            out.append(ServiceStop(name, _running(active), _enabled(enabled)))
+    return tuple(out)
 
 
 FILE_SUFFIXES = (".conf", ".service", ".yml", ".prom", ".tmp", *KEY_SUFFIXES)

@@ -23,7 +23,7 @@ import dataclasses
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations import files, python, server
 
 from gpuserve import layout
 from gpuserve import removal as plan
@@ -79,10 +79,10 @@ def decommission(settings: HostSettings) -> None:
     for r in gone:
         logger.info(f"    [{host.name}] decommission {r.name}: " + "; ".join(r.describe()))
         _remove(settings, r)
-    for service in plan.decommission_services(found):
-        logger.info(f"    [{host.name}] decommission: stop and disable {service} (its package stays)")
-        systemd.service(name=f"gpuserve: stop and disable {service} (its configuration goes)",
-                        service=service, running=False, enabled=False)
+    for svc in plan.decommission_services(found):
+        logger.info(f"    [{host.name}] decommission: stop and disable {svc.name} (its package stays)")
+        _stop(f"gpuserve: stop and disable {svc.name} (its configuration goes)", svc.name,
+              svc.stop, svc.disable)
     for path in rest:
         logger.info(f"    [{host.name}] decommission: remove {path}")
         _remove_path(path, f"gpuserve: remove {path}", link=path in found.links)
@@ -100,20 +100,24 @@ def decommission(settings: HostSettings) -> None:
 
 def _remove(settings: HostSettings, r: plan.Removal) -> None:
     unit = layout.unit_name(r.name)
-    if r.watchdog_stop or r.watchdog_disable:
-        # first: a watchdog would restart the engine the stop below takes down
-        systemd.service(name=f"{r.name}: stop and disable {r.watchdog_unit}", service=r.watchdog_unit,
-                        running=False if r.watchdog_stop else None,
-                        enabled=False if r.watchdog_disable else None)
+    # first: a watchdog would restart the engine the stop below takes down
+    _stop(f"{r.name}: stop and disable {r.watchdog_unit}", r.watchdog_unit, r.watchdog_stop,
+          r.watchdog_disable)
     if r.drain:
         python.call(name=f"{r.name}: out of rotation, wait for its running requests",
                     function=_drain, settings=settings, r=r)
-    if r.stop or r.disable:
-        # stopping drains what still runs (SIGTERM: in-flight requests get shutdown_timeout_s)
-        systemd.service(name=f"{r.name}: stop and disable {unit}", service=unit,
-                        running=False if r.stop else None, enabled=False if r.disable else None)
+    # stopping drains what still runs (SIGTERM: in-flight requests get shutdown_timeout_s)
+    _stop(f"{r.name}: stop and disable {unit}", unit, r.stop, r.disable)
     for path in r.files:
         _remove_path(path, f"{r.name}: remove {path}")
+
+
+def _stop(name: str, unit: str, stop: bool, disable: bool) -> None:
+    """systemctl stop/disable as the footprint's systemd state asks (pyinfra's own running fact
+    counts a unit in a restart loop as stopped, and would not stop it); nothing when neither."""
+    commands = ([f"systemctl stop {unit}"] if stop else []) + ([f"systemctl disable {unit}"] if disable else [])
+    if commands:
+        server.shell(name=name, commands=commands)
 
 
 def _remove_path(path: str, name: str, link: bool = False) -> None:

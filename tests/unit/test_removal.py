@@ -284,10 +284,23 @@ def test_decommission_stops_the_services_of_its_marked_files_and_keeps_their_pac
         "host /var/lib/gpuserve-gateway", "link /var/lib/gpuserve-gateway",
         "host /var/lib/private/gpuserve-gateway",
         "host /var/lib/gpuserve-stack",
+        # smg in a restart loop (pyinfra's running fact says stopped), node-exporter serving,
+        # prometheus stopped but enabled, alertmanager (no marked file of it here) serving
+        "svc gpuserve-gateway.service activating enabled",
+        "svc prometheus-node-exporter.service active enabled",
+        "svc prometheus.service inactive enabled",
+        "svc prometheus-alertmanager.service active enabled",
+        "svc sshd.service active enabled",                # not one of gpuserve's: never listed
     ), NVME)
     assert not fp.empty
     assert removal.decommission_services(fp) == (
-        "gpuserve-gateway.service", "prometheus-node-exporter.service", "prometheus.service")
+        removal.ServiceStop("gpuserve-gateway.service", stop=True, disable=True),
+        removal.ServiceStop("prometheus-node-exporter.service", stop=True, disable=True),
+        removal.ServiceStop("prometheus.service", stop=False, disable=True))
+    # a rerun: stopped and disabled already, nothing to do
+    done = removal.parse_footprint(["marked /etc/default/prometheus",
+                                    "svc prometheus.service inactive disabled"], NVME)
+    assert removal.decommission_services(done) == ()
     paths = removal.decommission_paths(fp)
     assert paths[-4:] == ("/etc/systemd/system/gpuserve-watchdog@.service",
                           "/etc/systemd/system/gpuserve-gateway.service",
