@@ -1,12 +1,15 @@
 """Remove gpuserve from hosts: drain, stop, disable, and remove its units, files, proxy sites,
-keys, engine envs and weights. Opt-in per host: only hosts whose data says decommission = True.
+keys, engine envs and weights, and the fleet tier's (watchdogs, the exporters' front, a gateway's
+smg and front, a monitor's Prometheus configuration, the GPU stack record). Opt-in per host, role
+hosts (gateway, monitor) included: only hosts whose data says decommission = True.
 
     pyinfra inventories/prod.py deploys/decommission.py --limit <host> --dry   # what would go
     pyinfra inventories/prod.py deploys/decommission.py --limit <host>
 
 A run that includes a host without decommission = True is refused before any host is touched.
-Packages (nginx, curl, the GPU driver stack) stay: they are Debian's or the GPU stack's, not
-gpuserve's files (docs/removal.md). Running it again finds nothing to remove.
+Packages (nginx, curl, Prometheus and its exporters, the GPU driver stack) stay: they are
+Debian's or the GPU stack's, not gpuserve's files; the services whose configuration gpuserve wrote
+are stopped and disabled (docs/removal.md). Running it again finds nothing to remove.
 """
 
 from pyinfra.api.exceptions import PyinfraError

@@ -1088,6 +1088,7 @@ def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
     gw = _gateway(c) if gateway.GATEWAY_GROUP in c.host.groups else None
     mon = _monitor(c)
     gpu_stack = _gpu_stack(c)
+    level.update(_removal_keys(c))   # --- removal: a role host can be decommissioned too ---
     if c.problems or mon is None or gpu_stack is None:
         return None, list(c.problems)
     settings = HostSettings(

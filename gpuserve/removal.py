@@ -10,7 +10,15 @@ deploys/decommission.py removes all of gpuserve from a host. Both start from the
   template writes (UNIT_MARKER) and serves ``/etc/gpuserve/<name>/current``. Another unit named
   gpuserve-*.service (a gateway's, a watchdog's, anybody's) is not a deployment and is left alone;
 - its paths are the ones gpuserve.layout, the proxy layer and the service layer name for it,
-  and only those of them that exist are listed.
+  and only those of them that exist are listed; its hang watchdog instance
+  ``gpuserve-watchdog@<name>.service`` (gpuserve.layers.watchdog) is stopped and disabled first,
+  and the watchdog's node-exporter textfiles of it go with the other paths;
+- on decommission, the host-wide files: those named after gpuserve (HOST_PATHS), and files in
+  other programs' places (a systemd unit, Debian's /etc/default files, Prometheus's
+  configuration) only when their first line is gpuserve's MANAGED marker (MARKED). The service
+  such a file configures is stopped and disabled before it goes (SERVICES): Debian's packages
+  stay (docs/removal.md), and a service whose configuration went must not come back on its
+  Debian defaults (node-exporter's would listen on every address).
 
 The order of a deployment's removal matters for a run killed half-way: the ledger directory
 goes last, so a rerun still finds the deployment and finishes.
@@ -25,10 +33,12 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
-from gpuserve import layout, proxy_conf, rollout
+from gpuserve import gateway, layout, monitoring, proxy_conf, rollout
 
 # the first line of templates/gpuserve.service.j2
 UNIT_MARKER = "# Managed by gpuserve (pyinfra): do not edit here, change group_data and converge."
+# the start of the first line of every other file gpuserve writes in another program's place
+MANAGED = "# Managed by gpuserve (pyinfra)"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")   # gpuserve.config.DEPLOYMENT_NAME
 SYSTEMD_DIR = "/etc/systemd/system"
 USER_COMMENT = "gpuserve inference engine"   # gpuserve.layers.base gives the service user this
@@ -46,7 +56,41 @@ HOST_PATHS = (
     "/var/lib/gpuserve-rollout",          # the rollout lock (gpuserve.rollout.LOCK_FILE)
     "/var/log/gpuserve",                  # engine build logs (gpuserve.engine.LOG_DIR)
     "/var/cache/gpuserve",                # GPU-stack downloads
+    # --- the fleet tier: the GPU stack's record, the exporters' front, a gateway, a monitor ---
+    "/var/lib/gpuserve-stack",            # GPU stack record and move marker (gpuserve.stack.STACK_RECORD)
+    "/etc/nginx/conf.d/gpuserve--exporters.conf",   # gpuserve.layers.monitoring.EXPORTERS_CONF
+    "/etc/nginx/gpuserve-exporters",      # its TLS pair (gpuserve.layers.monitoring.EXPORTERS_DIR)
+    gateway.NGINX_CONF,                   # a gateway's front (its keys are in proxy_conf.NGINX_DIR)
+    "/var/lib/gpuserve-gateway",          # smg's StateDirectory (DynamicUser: a link to private/)
+    "/var/lib/private/gpuserve-gateway",
+    monitoring.RULES_YML,                 # a monitor's alert rules
+    monitoring.SCRAPE_SECRETS_DIR,        # a monitor's operator keys to scrape with
+    monitoring.SCRAPE_CA_DIR,             # a monitor's copies of the hosts' certificates
 )
+WATCHDOG_TEMPLATE = f"{SYSTEMD_DIR}/gpuserve-watchdog@.service"   # gpuserve.layers.watchdog.UNIT
+GATEWAY_UNIT = f"{SYSTEMD_DIR}/{gateway.UNIT}"
+# files in other programs' places, gpuserve's only when their first line starts with MANAGED,
+# each with the service it configures (stopped and disabled before the file goes), in order
+MARKED: tuple[tuple[str, str | None], ...] = (
+    (WATCHDOG_TEMPLATE, None),            # its instances go with their deployments
+    (GATEWAY_UNIT, gateway.UNIT),
+    ("/etc/default/prometheus-node-exporter", "prometheus-node-exporter.service"),
+    ("/etc/default/prometheus", "prometheus.service"),
+    (monitoring.PROMETHEUS_YML, "prometheus.service"),
+    ("/etc/default/prometheus-alertmanager", "prometheus-alertmanager.service"),
+    (monitoring.ALERTMANAGER_YML, "prometheus-alertmanager.service"),
+)
+
+
+def watchdog_unit(name: str) -> str:
+    """The hang watchdog instance of one deployment (gpuserve.layers.watchdog.unit_name)."""
+    return f"gpuserve-watchdog@{name}.service"
+
+
+def textfiles(name: str) -> tuple[str, ...]:
+    """The node-exporter textfile the watchdog writes for one deployment, and its temporary."""
+    prom = f"{monitoring.TEXTFILE_DIR}/gpuserve-{name}.prom"
+    return prom, f"{prom}.tmp"
 
 
 def unit_path(name: str) -> str:
@@ -68,7 +112,8 @@ def deployment_paths(name: str, nvme_path: str) -> tuple[str, ...]:
 def _deployment_paths(name: str, nvme_path: str) -> tuple[str, ...]:
     proxy = () if name in proxy_conf.OWN_NAMES else (
         proxy_site(name), *(f"{proxy_conf.NGINX_DIR}/{name}{s}" for s in KEY_SUFFIXES))
-    return (*proxy, layout.cache_dir(nvme_path, name), unit_path(name), layout.deployment_dir(name))
+    return (*proxy, layout.cache_dir(nvme_path, name), *textfiles(name), unit_path(name),
+            layout.deployment_dir(name))
 
 
 def host_paths(nvme_path: str) -> tuple[str, ...]:
@@ -76,8 +121,21 @@ def host_paths(nvme_path: str) -> tuple[str, ...]:
     return (*HOST_PATHS, layout.gpuserve_root(nvme_path))
 
 
+def marked_paths() -> tuple[str, ...]:
+    return tuple(p for p, _ in MARKED)
+
+
+def services() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(svc for _, svc in MARKED if svc))
+
+
 def is_nginx_path(path: str) -> bool:
     return path.startswith(("/etc/nginx/", NGINX_DROPIN))
+
+
+def is_unit_path(path: str) -> bool:
+    """A path whose removal systemd must be told of (daemon-reload)."""
+    return path.startswith(SYSTEMD_DIR + "/")
 
 
 # --- the footprint fact's command and its output ------------------------------------------------
@@ -86,6 +144,8 @@ def footprint_command(nvme_path: str) -> str:
     """One shell command that prints what gpuserve has on the host (parse_footprint reads it)."""
     marker = shlex.quote(UNIT_MARKER)
     candidates = " ".join(shlex.quote(p) for p in host_paths(nvme_path))
+    marked = " ".join(shlex.quote(p) for p in marked_paths())
+    managed = shlex.quote("^" + MANAGED)   # a basic regular expression: ( and ) are literal
     # the shell loop's own $n stands for the name (deployment names need no quoting)
     per_deployment = " ".join(_deployment_paths("$n", nvme_path))
     return (
@@ -101,9 +161,18 @@ def footprint_command(nvme_path: str) -> str:
         "echo \"state $n $(systemctl show -p ActiveState --value $u 2>/dev/null || true) "
         "$(systemctl is-enabled $u 2>/dev/null | head -n1)\"; "
         f"echo \"url $n $(sed -n 's/^url=//p' {layout.ETC_DIR}/$n/current/wait-ready 2>/dev/null | head -n1)\"; "
+        "w=gpuserve-watchdog@$n.service; "
+        "echo \"watchdog $n $(systemctl show -p ActiveState --value $w 2>/dev/null || true) "
+        "$(systemctl is-enabled $w 2>/dev/null | head -n1)\"; "
         f"for p in {per_deployment}; do "
         "{ [ -e \"$p\" ] || [ -L \"$p\" ]; } && echo \"path $n $p\"; done; done; "
-        f"for p in {candidates}; do {{ [ -e \"$p\" ] || [ -L \"$p\" ]; }} && echo \"host $p\"; done; "
+        f"for p in {candidates}; do {{ [ -e \"$p\" ] || [ -L \"$p\" ]; }} && echo \"host $p\"; "
+        "[ -L \"$p\" ] && echo \"link $p\"; done; "
+        f"for p in {marked}; do [ -f \"$p\" ] && head -n1 \"$p\" | grep -q {managed} "
+        "&& echo \"marked $p\"; done; "
+        f"for s in {' '.join(services())}; do "
+        "echo \"svc $s $(systemctl show -p ActiveState --value $s 2>/dev/null || true) "
+        "$(systemctl is-enabled $s 2>/dev/null | head -n1)\"; done; "
         "echo \"nginx $(systemctl is-active nginx 2>/dev/null || true)\"; "
         # the user only when it is the one gpuserve.layers.base made (its comment says so)
         f"getent passwd {layout.SERVICE_USER} | cut -d: -f5 | grep -qxF {shlex.quote(USER_COMMENT)} "
@@ -111,6 +180,14 @@ def footprint_command(nvme_path: str) -> str:
         f"getent passwd {layout.SERVICE_USER} >/dev/null || echo \"nouser\"; "
         f"getent group {layout.SERVICE_GROUP} >/dev/null && echo \"group {layout.SERVICE_GROUP}\"; true"
     )
+
+
+def _running(active: str) -> bool:
+    return active in ("active", "activating", "reloading", "deactivating")
+
+
+def _enabled(enabled: str) -> bool:
+    return enabled in ("enabled", "enabled-runtime", "linked", "linked-runtime")
 
 
 @dataclass(frozen=True)
@@ -124,14 +201,24 @@ class Found:
     enabled: str = "-"                # systemctl is-enabled ("-" when it says nothing)
     health_url: str | None = None     # where the host reaches its engine's /health (its release says)
     paths: tuple[str, ...] = ()       # the deployment_paths that exist, in removal order
+    watchdog_active: str = ""         # its gpuserve-watchdog@<name>.service, as above
+    watchdog_enabled: str = "-"
 
     @property
     def running(self) -> bool:
-        return self.active in ("active", "activating", "reloading", "deactivating")
+        return _running(self.active)
 
     @property
     def is_enabled(self) -> bool:
-        return self.enabled in ("enabled", "enabled-runtime", "linked", "linked-runtime")
+        return _enabled(self.enabled)
+
+    @property
+    def watchdog_running(self) -> bool:
+        return _running(self.watchdog_active)
+
+    @property
+    def watchdog_is_enabled(self) -> bool:
+        return _enabled(self.watchdog_enabled)
 
     def engine_address(self) -> tuple[str, int] | None:
         """(serve_host, serve_port) from its /health URL, for the drain (None: unknown)."""
@@ -150,10 +237,13 @@ class Footprint:
     nginx_active: bool = False
     user: bool = False                 # the service user
     group: bool = False                # the service group
+    marked: tuple[str, ...] = ()       # the MARKED files that are there and start with MANAGED
+    links: tuple[str, ...] = ()        # those of host_paths that are symbolic links
+    service_states: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # (active, enabled)
 
     @property
     def empty(self) -> bool:
-        return not (self.deployments or self.host_paths or self.user or self.group)
+        return not (self.deployments or self.host_paths or self.user or self.group or self.marked)
 
 
 def parse_footprint(lines: Iterable[str], nvme_path: str) -> Footprint:
@@ -161,26 +251,39 @@ def parse_footprint(lines: Iterable[str], nvme_path: str) -> Footprint:
     made, or a path that is not one of that deployment's, is ignored (never removed)."""
     deps: dict[str, dict] = {}
     host: list[str] = []
+    links: set[str] = set()
+    marked: set[str] = set()
+    svc_states: dict[str, tuple[str, str]] = {}
     nginx = user = group = no_user = False
     allowed_host = set(host_paths(nvme_path))
     for line in lines:
         kind, _, rest = line.strip().partition(" ")
-        if kind in ("ledger", "unit", "state", "url", "path"):
+        if kind in ("ledger", "unit", "state", "url", "path", "watchdog"):
             name, _, value = rest.partition(" ")
             if not NAME.fullmatch(name):
                 continue
             d = deps.setdefault(name, {"name": name, "paths": []})
             if kind in ("ledger", "unit"):
                 d[kind] = True
-            elif kind == "state":
+            elif kind in ("state", "watchdog"):
                 active, _, enabled = value.partition(" ")
-                d["active"], d["enabled"] = active, enabled.strip() or "-"
+                prefix = "" if kind == "state" else "watchdog_"
+                d[prefix + "active"], d[prefix + "enabled"] = active, enabled.strip() or "-"
             elif kind == "url":
                 d["health_url"] = value.strip() or None
             elif value in deployment_paths(name, nvme_path):
                 d["paths"].append(value)
         elif kind == "host" and rest in allowed_host:
             host.append(rest)
+        elif kind == "link" and rest in allowed_host:
+            links.add(rest)
+        elif kind == "marked" and rest in marked_paths():
+            marked.add(rest)
+        elif kind == "svc":
+            name, _, value = rest.partition(" ")
+            if name in services():
+                active, _, enabled = value.partition(" ")
+                svc_states[name] = (active, enabled.strip() or "-")
         elif kind == "nginx":
             nginx = rest.strip() == "active"
         elif kind == "user":
@@ -200,7 +303,8 @@ def parse_footprint(lines: Iterable[str], nvme_path: str) -> Footprint:
     # the group goes with gpuserve's user, or alone once that user is gone (a rerun); never
     # while another user of that name exists
     return Footprint(found, tuple(p for p in order if p in host), nginx, user,
-                     group and (user or no_user))
+                     group and (user or no_user), tuple(p for p in marked_paths() if p in marked),
+                     tuple(p for p in order if p in host and p in links), svc_states)
 
 
 # --- what goes ----------------------------------------------------------------------------------
@@ -215,6 +319,12 @@ class Removal:
     disable: bool
     paths: tuple[str, ...]     # removed in this order (the ledger last)
     engine_address: tuple[str, int] | None = None
+    watchdog_stop: bool = False      # its hang watchdog runs: stopped before anything else
+    watchdog_disable: bool = False   # ... and is enabled
+
+    @property
+    def watchdog_unit(self) -> str:
+        return watchdog_unit(self.name)
 
     @property
     def nginx_changed(self) -> bool:
@@ -238,6 +348,10 @@ class Removal:
 
     def describe(self) -> list[str]:
         steps = []
+        if self.watchdog_stop or self.watchdog_disable:
+            steps.append(f"{self.watchdog_unit} "
+                         + " and ".join(w for w, on in (("stopped", self.watchdog_stop),
+                                                        ("disabled", self.watchdog_disable)) if on))
         if self.drain:
             steps.append("out of rotation, drained")
         if self.stop:
@@ -253,7 +367,8 @@ class Removal:
 def removal(found: Found) -> Removal:
     return Removal(name=found.name, drain=found.running and found.active == "active",
                    stop=found.running, disable=found.is_enabled, paths=found.paths,
-                   engine_address=found.engine_address())
+                   engine_address=found.engine_address(), watchdog_stop=found.watchdog_running,
+                   watchdog_disable=found.watchdog_is_enabled)
 
 
 def leftovers(footprint: Footprint, keep: Iterable[str]) -> list[Removal]:
@@ -264,20 +379,44 @@ def leftovers(footprint: Footprint, keep: Iterable[str]) -> list[Removal]:
 
 def decommission_paths(footprint: Footprint) -> tuple[str, ...]:
     """Host-wide paths decommission removes after every deployment's own; a path under one
-    already listed is left to it (removing /opt/gpuserve takes /opt/gpuserve/envs)."""
+    already listed is left to it (removing /opt/gpuserve takes /opt/gpuserve/envs). The MARKED
+    files of gpuserve's come last (their services are stopped before: decommission_services)."""
     out: list[str] = []
     for p in footprint.host_paths:
         if not any(p.startswith(q.rstrip("/") + "/") for q in footprint.host_paths if q != p):
             out.append(p)
+    return (*out, *footprint.marked)
+
+
+@dataclass(frozen=True)
+class ServiceStop:
+    """A service whose configuration decommission removes: what stopping it takes. ``stop`` is
+    systemd's ActiveState, not pyinfra's running fact: a unit in a restart loop (activating,
+    auto-restart) is not "running" to pyinfra, and would come back after its files went."""
+
+    name: str
+    stop: bool
+    disable: bool
+
+
+def decommission_services(footprint: Footprint) -> tuple[ServiceStop, ...]:
+    """The services whose configuration decommission removes (MARKED files that are gpuserve's):
+    stopped and disabled before their files go, where they run or are enabled. Their packages
+    stay."""
+    out = []
+    for name in dict.fromkeys(svc for p, svc in MARKED if svc and p in footprint.marked):
+        active, enabled = footprint.service_states.get(name, ("", "-"))
+        if _running(active) or _enabled(enabled):
+            out.append(ServiceStop(name, _running(active), _enabled(enabled)))
     return tuple(out)
 
 
-FILE_SUFFIXES = (".conf", ".service", *KEY_SUFFIXES)
+FILE_SUFFIXES = (".conf", ".service", ".yml", ".prom", ".tmp", *KEY_SUFFIXES)
 
 
 def is_file(path: str) -> bool:
     """Whether one of the paths above is a file (else a directory gpuserve made)."""
-    return path.endswith(FILE_SUFFIXES)
+    return path.endswith(FILE_SUFFIXES) or path in marked_paths()
 
 
 def refused_hosts(opted_in: Mapping[str, bool]) -> str | None:

@@ -6,8 +6,11 @@ ledger (releases, secrets), compile caches, proxy site and keys. It returns the 
 removed, so the service layer's retention collects the engine envs and checkpoints that no kept
 release uses.
 
-``decommission`` (deploys/decommission.py): every deployment goes that way, then gpuserve's
-host-wide files (gpuserve.removal.HOST_PATHS, the NVMe root) and its service user.
+``decommission`` (deploys/decommission.py): every deployment goes that way, then the services
+gpuserve configured on the host are stopped and disabled (a gateway's smg, node-exporter,
+Prometheus, alertmanager: gpuserve.removal.decommission_services), then gpuserve's host-wide
+files go (gpuserve.removal.HOST_PATHS, the NVMe root, the MARKED files that are gpuserve's), and
+its service user. Debian's packages stay (docs/removal.md).
 
 What exists is read by one fact (gpuserve.facts.removal.Footprint), so ``--dry`` lists each step
 and a second run finds nothing to do. Nothing gpuserve did not make is touched
@@ -20,7 +23,7 @@ import dataclasses
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations import files, python, server
 
 from gpuserve import layout
 from gpuserve import removal as plan
@@ -76,9 +79,13 @@ def decommission(settings: HostSettings) -> None:
     for r in gone:
         logger.info(f"    [{host.name}] decommission {r.name}: " + "; ".join(r.describe()))
         _remove(settings, r)
+    for svc in plan.decommission_services(found):
+        logger.info(f"    [{host.name}] decommission: stop and disable {svc.name} (its package stays)")
+        _stop(f"gpuserve: stop and disable {svc.name} (its configuration goes)", svc.name,
+              svc.stop, svc.disable)
     for path in rest:
         logger.info(f"    [{host.name}] decommission: remove {path}")
-        _remove_path(path, f"gpuserve: remove {path}")
+        _remove_path(path, f"gpuserve: remove {path}", link=path in found.links)
     _after(found, gone, rest, reload_nginx=True,
            flags=tuple(r.drain_flag for r in gone if r.drain_flag))
     if found.user:
@@ -93,19 +100,30 @@ def decommission(settings: HostSettings) -> None:
 
 def _remove(settings: HostSettings, r: plan.Removal) -> None:
     unit = layout.unit_name(r.name)
+    # first: a watchdog would restart the engine the stop below takes down
+    _stop(f"{r.name}: stop and disable {r.watchdog_unit}", r.watchdog_unit, r.watchdog_stop,
+          r.watchdog_disable)
     if r.drain:
         python.call(name=f"{r.name}: out of rotation, wait for its running requests",
                     function=_drain, settings=settings, r=r)
-    if r.stop or r.disable:
-        # stopping drains what still runs (SIGTERM: in-flight requests get shutdown_timeout_s)
-        systemd.service(name=f"{r.name}: stop and disable {unit}", service=unit,
-                        running=False if r.stop else None, enabled=False if r.disable else None)
+    # stopping drains what still runs (SIGTERM: in-flight requests get shutdown_timeout_s)
+    _stop(f"{r.name}: stop and disable {unit}", unit, r.stop, r.disable)
     for path in r.files:
         _remove_path(path, f"{r.name}: remove {path}")
 
 
-def _remove_path(path: str, name: str) -> None:
-    if plan.is_file(path):
+def _stop(name: str, unit: str, stop: bool, disable: bool) -> None:
+    """systemctl stop/disable as the footprint's systemd state asks (pyinfra's own running fact
+    counts a unit in a restart loop as stopped, and would not stop it); nothing when neither."""
+    commands = ([f"systemctl stop {unit}"] if stop else []) + ([f"systemctl disable {unit}"] if disable else [])
+    if commands:
+        server.shell(name=name, commands=commands)
+
+
+def _remove_path(path: str, name: str, link: bool = False) -> None:
+    if link:
+        files.link(name=name, path=path, present=False)
+    elif plan.is_file(path):
         files.file(name=name, path=path, present=False)
     else:
         files.directory(name=name, path=path, present=False)
@@ -116,7 +134,7 @@ def _after(found: plan.Footprint, gone: list[plan.Removal], host_paths, *, reloa
     """systemd forgets removed units; nginx drops removed sites (when it runs, and
     ``reload_nginx``: else the proxy layer reloads it); then the drain flags go."""
     units = [r for r in gone if plan.unit_path(r.name) in r.paths]
-    if units or plan.NGINX_DROPIN in host_paths:
+    if units or any(plan.is_unit_path(p) for p in host_paths):
         server.shell(name="Reload systemd (units removed)",
                      commands=["systemctl daemon-reload"]
                      + [f"systemctl reset-failed {layout.unit_name(r.name)} 2>/dev/null || true"
@@ -141,6 +159,10 @@ def _drain(state, host, settings: HostSettings, r: plan.Removal) -> None:  # noq
     address comes from its release on the host, and it is behind the proxy when its site is there
     (even if the proxy is now off). pyinfra passes ``state`` and ``host`` by these names."""
     h = host
+    if not settings.deployments:   # a host that now serves nothing (a role host): no rotation
+        logger.info(f"    [{h.name}] {r.name}: no planned deployment to take the rotation's "
+                    "settings from; its stop drains what still runs")
+        return
     address = r.engine_address or ("127.0.0.1", 0)
     gone = dataclasses.replace(settings.deployments[0], name=r.name, serve_host=address[0],
                                serve_port=address[1])

@@ -55,7 +55,10 @@ def test_deployment_paths_name_the_layout_and_the_proxy_files():
         "/etc/nginx/conf.d/gpuserve-fast.conf",
         "/etc/nginx/gpuserve/fast.keys", "/etc/nginx/gpuserve/fast.operator-keys",
         "/etc/nginx/gpuserve/fast.upstream-auth", "/etc/nginx/gpuserve/fast.drain",
-        "/srv/nvme/gpuserve/cache/fast", "/etc/systemd/system/gpuserve-fast.service", "/etc/gpuserve/fast",
+        "/srv/nvme/gpuserve/cache/fast",
+        "/var/lib/prometheus/node-exporter/gpuserve-fast.prom",        # the watchdog's textfile
+        "/var/lib/prometheus/node-exporter/gpuserve-fast.prom.tmp",
+        "/etc/systemd/system/gpuserve-fast.service", "/etc/gpuserve/fast",
     )
     # the proxy's shared files are never a deployment's
     assert all("gpuserve-common.conf" not in p for p in removal.deployment_paths("common", NVME))
@@ -120,7 +123,8 @@ def test_decommission_removes_top_directories_once():
     assert "/etc/shadow" not in paths
     assert set(paths) == set(removal.host_paths(NVME))
     assert layout.OPT_DIR in paths and layout.gpuserve_root(NVME) in paths
-    assert all(removal.is_file(p) == p.endswith(".conf") for p in paths)
+    files = {p for p in paths if p.endswith((".conf", ".yml"))}
+    assert all(removal.is_file(p) == (p in files) for p in paths)
 
 
 def test_decommission_is_refused_naming_every_host_without_the_opt_in():
@@ -193,3 +197,170 @@ def test_retention_after_a_rename_keeps_what_the_new_deployment_uses():
     envs, ckpts = unreferenced(old, new)
     assert envs == ["/opt/gpuserve/envs/e0"] and ckpts == ["/srv/nvme/gpuserve/models/m/0"]
     assert proxy_conf.NGINX_DIR == "/etc/nginx/gpuserve"
+
+
+# --- the fleet tier: watchdog instances, exporters, gateway, monitor, the GPU stack record ------
+
+def test_a_removed_deployments_watchdog_is_stopped_and_disabled_first():
+    fp = removal.parse_footprint(_lines(
+        "ledger minimax", "state minimax active enabled", "watchdog minimax active enabled",
+        "path minimax /var/lib/prometheus/node-exporter/gpuserve-minimax.prom",
+        "path minimax /etc/gpuserve/minimax",
+        "ledger quiet", "state quiet inactive disabled", "watchdog quiet inactive ",
+        # a watchdog line of a name that is not a deployment of gpuserve's: ignored
+        "watchdog stranger active enabled",
+    ), NVME)
+    assert sorted(fp.deployments) == ["minimax", "quiet"]
+    minimax, quiet = removal.leftovers(fp, [])
+    assert (minimax.watchdog_stop, minimax.watchdog_disable) == (True, True)
+    assert minimax.watchdog_unit == "gpuserve-watchdog@minimax.service"
+    steps = minimax.describe()
+    assert steps[0] == "gpuserve-watchdog@minimax.service stopped and disabled"
+    assert steps.index("gpuserve-watchdog@minimax.service stopped and disabled") < steps.index(
+        "gpuserve-minimax.service stopped")
+    assert "remove /var/lib/prometheus/node-exporter/gpuserve-minimax.prom" in steps
+    assert (quiet.watchdog_stop, quiet.watchdog_disable) == (False, False)
+    assert not any("watchdog" in step for step in quiet.describe())
+    # enabled but stopped (a host rebooting): disabled only
+    (half,) = removal.leftovers(removal.parse_footprint(
+        ["ledger h", "watchdog h failed enabled"], NVME), [])
+    assert (half.watchdog_stop, half.watchdog_disable) == (False, True)
+    assert half.describe()[0] == "gpuserve-watchdog@h.service disabled"
+
+
+def test_the_watchdog_names_match_the_watchdog_layer():
+    from gpuserve.layers import watchdog
+
+    assert removal.WATCHDOG_TEMPLATE == watchdog.UNIT
+    assert removal.watchdog_unit("fast") == watchdog.unit_name("fast")
+    assert watchdog.unit_text().startswith(removal.MANAGED)
+    program = Path("gpuserve/files/gpuserve-watchdog").read_text()
+    assert 'f"gpuserve-{cfg[\'deployment\']}.prom"' in program and 'path + ".tmp"' in program
+
+
+def test_the_fleet_tier_paths_match_the_layers_that_make_them():
+    from gpuserve import gateway, monitoring, stack
+    from gpuserve.layers import monitoring as monitoring_layer
+
+    host = removal.host_paths(NVME)
+    assert stack.STACK_RECORD.rsplit("/", 1)[0] in host and stack.STACK_MOVING.rsplit("/", 1)[0] in host
+    assert monitoring_layer.EXPORTERS_CONF in host and monitoring_layer.EXPORTERS_DIR in host
+    assert gateway.NGINX_CONF in host and removal.GATEWAY_UNIT == f"/etc/systemd/system/{gateway.UNIT}"
+    assert "StateDirectory=gpuserve-gateway" in gateway.unit(
+        gateway.GatewaySettings(**_gateway_fields()), "/v") and "/var/lib/gpuserve-gateway" in host
+    for path in (monitoring.RULES_YML, monitoring.SCRAPE_SECRETS_DIR, monitoring.SCRAPE_CA_DIR):
+        assert path in host
+    # never Debian's or the operator's own: packages' directories, the TSDB, the driver stack
+    for kept in ("/etc/prometheus", monitoring.TEXTFILE_DIR, "/var/lib/prometheus",
+                 "/var/lib/prometheus/metrics2", stack.NVIDIA_PREFERENCES, stack.NOUVEAU_BLACKLIST,
+                 "/etc/nginx", "/etc/nginx/conf.d", "/etc/default"):
+        assert kept not in host and kept not in removal.marked_paths(), kept
+    # what gpuserve writes into other programs' places starts with the marker
+    assert monitoring.prometheus_yml(monitoring.plan_targets({}, {}), monitoring.MonitorSettings()
+                                     ).startswith(removal.MANAGED)
+    assert monitoring.alertmanager_yml().startswith(removal.MANAGED)
+    assert gateway.unit(gateway.GatewaySettings(**_gateway_fields()), "/v").startswith(removal.MANAGED)
+    layer = Path("gpuserve/layers/monitoring.py").read_text()
+    for default in ("/etc/default/prometheus-node-exporter", "/etc/default/prometheus",
+                    "/etc/default/prometheus-alertmanager"):
+        assert f'dest="{default}"' in layer and default in removal.marked_paths()
+
+
+def _gateway_fields() -> dict:
+    from gpuserve import gateway
+    return {"bind": "0.0.0.0", "port": 9443, "smg_port": 30000, "metrics_host": "127.0.0.1",
+            "metrics_port": 29000, "policy": "round_robin", "balance_abs_threshold": 4,
+            "balance_rel_threshold": 1.2, "sticky_header": None, "health_interval_s": 5,
+            "smg_version": gateway.SMG_VERSION, "workers_ca_file": None, "addresses": ()}
+
+
+def test_decommission_stops_the_services_of_its_marked_files_and_keeps_their_packages():
+    fp = removal.parse_footprint(_lines(
+        "marked /etc/systemd/system/gpuserve-watchdog@.service",
+        "marked /etc/systemd/system/gpuserve-gateway.service",
+        "marked /etc/default/prometheus-node-exporter",
+        "marked /etc/prometheus/prometheus.yml",
+        "marked /etc/passwd",                            # not one of MARKED: never listed
+        "host /var/lib/gpuserve-gateway", "link /var/lib/gpuserve-gateway",
+        "host /var/lib/private/gpuserve-gateway",
+        "host /var/lib/gpuserve-stack",
+        # smg in a restart loop (pyinfra's running fact says stopped), node-exporter serving,
+        # prometheus stopped but enabled, alertmanager (no marked file of it here) serving
+        "svc gpuserve-gateway.service activating enabled",
+        "svc prometheus-node-exporter.service active enabled",
+        "svc prometheus.service inactive enabled",
+        "svc prometheus-alertmanager.service active enabled",
+        "svc sshd.service active enabled",                # not one of gpuserve's: never listed
+    ), NVME)
+    assert not fp.empty
+    assert removal.decommission_services(fp) == (
+        removal.ServiceStop("gpuserve-gateway.service", stop=True, disable=True),
+        removal.ServiceStop("prometheus-node-exporter.service", stop=True, disable=True),
+        removal.ServiceStop("prometheus.service", stop=False, disable=True))
+    # a rerun: stopped and disabled already, nothing to do
+    done = removal.parse_footprint(["marked /etc/default/prometheus",
+                                    "svc prometheus.service inactive disabled"], NVME)
+    assert removal.decommission_services(done) == ()
+    paths = removal.decommission_paths(fp)
+    assert paths[-4:] == ("/etc/systemd/system/gpuserve-watchdog@.service",
+                          "/etc/systemd/system/gpuserve-gateway.service",
+                          "/etc/default/prometheus-node-exporter", "/etc/prometheus/prometheus.yml")
+    assert "/etc/passwd" not in paths and "/var/lib/gpuserve-stack" in paths
+    assert fp.links == ("/var/lib/gpuserve-gateway",)
+    assert removal.is_file("/etc/default/prometheus") and not removal.is_file("/var/lib/gpuserve-stack")
+    assert all(removal.is_unit_path(p) for p in paths[-4:-2])
+    # only markers: an operator's own prometheus.yml (no marker) is not listed, so its service stays
+    assert removal.decommission_services(removal.parse_footprint(["host /var/lib/gpuserve-stack"], NVME)) == ()
+    assert removal.parse_footprint(["marked /etc/default/prometheus"], NVME).empty is False
+
+
+def test_the_footprint_command_finds_only_gpuserves_fleet_files(tmp_path):
+    root = tmp_path / "root"
+    for d in ("etc/systemd/system", "etc/default", "etc/prometheus/gpuserve-keys", "var/lib/private/gpuserve-gateway",
+              "var/lib/gpuserve-stack", "etc/gpuserve/fast/releases", "var/lib/prometheus/node-exporter"):
+        (root / d).mkdir(parents=True)
+    (root / "var/lib/gpuserve-gateway").symlink_to("private/gpuserve-gateway")
+    (root / "etc/systemd/system/gpuserve-watchdog@.service").write_text(f"{removal.MANAGED}: x\n[Unit]\n")
+    (root / "etc/systemd/system/gpuserve-gateway.service").write_text(f"{removal.MANAGED}: smg\n")
+    (root / "etc/default/prometheus-node-exporter").write_text(f"{removal.MANAGED}: lo\nARGS=\n")
+    # the operator's own (no marker, or the marker not on the first line): never listed
+    (root / "etc/default/prometheus").write_text(f'ARGS=""\n{removal.MANAGED}\n')
+    (root / "etc/prometheus/prometheus.yml").write_text("global: {}\n")
+    (root / "var/lib/prometheus/node-exporter/gpuserve-fast.prom").write_text("x 1\n")
+    (root / "var/lib/prometheus/node-exporter/other.prom").write_text("x 1\n")
+    command = removal.footprint_command("/srv/nvme")
+    for path in ("/etc/gpuserve", "/etc/systemd/system", "/etc/default", "/etc/prometheus", "/var/lib"):
+        command = command.replace(path, f"{root}{path}")
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin"}).stdout
+    real = [line.replace(str(root), "") for line in out.splitlines()]
+    fp = removal.parse_footprint(real, "/srv/nvme")
+    assert fp.marked == ("/etc/systemd/system/gpuserve-watchdog@.service",
+                         "/etc/systemd/system/gpuserve-gateway.service",
+                         "/etc/default/prometheus-node-exporter")
+    assert fp.links == ("/var/lib/gpuserve-gateway",)
+    assert {"/var/lib/gpuserve-stack", "/var/lib/gpuserve-gateway", "/var/lib/private/gpuserve-gateway",
+            "/etc/prometheus/gpuserve-keys"} <= set(fp.host_paths)
+    assert fp.deployments["fast"].paths == ("/var/lib/prometheus/node-exporter/gpuserve-fast.prom",
+                                            "/etc/gpuserve/fast")
+    assert not any("other.prom" in line for line in real)
+    # systemd answers for an empty host here: the watchdog neither runs nor is enabled
+    assert not fp.deployments["fast"].watchdog_running
+
+
+def test_a_role_host_can_opt_in_to_decommission():
+    from pyinfra.api import Inventory
+
+    from gpuserve.config import validate_inventory
+
+    from .helpers import SHA, problems_of
+
+    inv = Inventory(([("mon-1", {"decommission": True}), ("gw-1", {}), ("mon-2", {"decommission": "yes"})], {}),
+                    monitor=(["mon-1", "mon-2"], {}), fleet=(["mon-1", "gw-1", "mon-2"], {"model_revision": SHA}))
+    found = problems_of(inv)
+    assert any("mon-2" in p and "decommission" in p and "'yes'" in p for p in found), found
+    ok = Inventory(([("mon-1", {"decommission": True}), ("mon-3", {})], {}),
+                   monitor=(["mon-1", "mon-3"], {}), fleet=(["mon-1", "mon-3"], {"model_revision": SHA}))
+    settings = validate_inventory(ok)
+    assert settings["mon-1"].serves is False and settings["mon-1"].decommission is True
+    assert settings["mon-3"].decommission is False
