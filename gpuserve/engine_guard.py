@@ -66,7 +66,7 @@ def ruleset(guard: Guard) -> str:
     lines = [
         "#!/usr/sbin/nft -f",
         "# Managed by gpuserve (pyinfra): only the proxy and gpuserve open the engines' ports",
-        "# (gpuserve/engine_guard.py, docs/hardening.md). Check: nft list table inet gpuserve",
+        "# (gpuserve/engine_guard.py, docs/configuration.md). Check: nft list table inet gpuserve",
         f"table inet {TABLE}",
         f"delete table inet {TABLE}",
         f"table inet {TABLE} {{",

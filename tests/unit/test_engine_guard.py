@@ -90,3 +90,12 @@ def test_engines_require_the_guard_unit():
     assert f"ExecStart=/usr/sbin/nft -f {engine_guard.RULES_PATH}\n" in text
     assert f"ExecReload=/usr/sbin/nft -f {engine_guard.RULES_PATH}\n" in text
     assert "RemainAfterExit=yes" in text and "ExecStop" not in text   # stopping never opens the ports
+
+
+def test_the_plan_warning_names_every_unkeyed_route_and_the_guard():
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "serve_host": "0.0.0.0",
+                                                    "trusted_network": True})
+    (warning,) = [w for w in settings_of(inv).warnings if "every interface" in w]
+    for route in ("/invocations", "/tokenize", "/metrics", "/scale_elastic_ep"):
+        assert route in warning
+    assert "covers only /v1" in warning and "engine guard" in warning and "trusted_network" in warning
