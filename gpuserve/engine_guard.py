@@ -13,12 +13,6 @@ gpuserve-engine-guard.service that every engine unit requires):
   as root), the engine's own user (its readiness probe, ExecStartPost) or, behind the proxy,
   nginx's worker user. Only the SYN is judged: it always has a socket with an owner, while
   packets the kernel sends for a closing connection have none.
-- ``output``, the proxy: nginx lets peers in ``proxy_operator_networks`` (loopback by default)
-  reach every operator route without a key, /invocations and /scale_elastic_ep included. So
-  when an operator network holds a loopback address, a connection to a proxy port on a loopback
-  address (127.0.0.0/8, ::1) is reset unless its owner is root: "from the host" means root on
-  the host. Other local users reach the proxy on the host's own addresses, with a key like any
-  client (a gateway on a serving host, smg with its dynamic user, connects there too).
 - ``input``: a connection from the network to an engine port is reset, unless the operator set
   ``trusted_network = True`` (then the network in front is trusted, and the output rule guards
   loopback only, so a monitor on the same host may still scrape the host's own address).
@@ -26,13 +20,11 @@ gpuserve-engine-guard.service that every engine unit requires):
 One mechanism for both engines: vLLM has a unix socket (``--uds``), SGLang has none, and the
 health checks, drain checks and Prometheus scrapes all speak HTTP on the port. Where the check
 stops: root and the engine's own user are trusted (both can read the engine's key anyway), and
-so is every process running as nginx's worker user. An operator network that holds one of the
-host's own non-loopback addresses lets local users in through that address.
+so is every process running as nginx's worker user.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -51,25 +43,11 @@ class Guard:
     ports: tuple[int, ...]          # every deployment's serve_port on the host
     users: tuple[str, ...]          # who may open them on the host
     network: bool                   # True: connections from the network are reset too
-    proxy_ports: tuple[int, ...] = ()   # proxy ports that only root opens on loopback
 
 
-LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"),
-            ipaddress.ip_network("::ffff:127.0.0.0/104"))
-
-
-def admits_loopback(networks: Iterable[str]) -> bool:
-    """Whether a peer on a loopback address is in one of ``networks`` (addresses or CIDR)."""
-    nets = [ipaddress.ip_network(n, strict=False) for n in networks]
-    return any(n.version == lo.version and n.overlaps(lo) for n in nets for lo in LOOPBACK)
-
-
-def plan(ports: Iterable[int], *, service_user: str, proxy: bool, trusted_network: bool,
-         proxy_ports: Iterable[int] = (), operator_networks: Iterable[str] = ()) -> Guard:
+def plan(ports: Iterable[int], *, service_user: str, proxy: bool, trusted_network: bool) -> Guard:
     users = ("root", service_user) + ((PROXY_USER,) if proxy else ())
-    guarded = tuple(sorted(set(proxy_ports))) if proxy and admits_loopback(operator_networks) else ()
-    return Guard(tuple(sorted(set(ports))), tuple(dict.fromkeys(users)), network=not trusted_network,
-                 proxy_ports=guarded)
+    return Guard(tuple(sorted(set(ports))), tuple(dict.fromkeys(users)), network=not trusted_network)
 
 
 def ruleset(guard: Guard) -> str:
@@ -85,10 +63,6 @@ def ruleset(guard: Guard) -> str:
         local = [f'oifname "lo" {fam} daddr {addr} tcp dport @engine_ports {syn} '
                  "meta skuid != @engine_users reject with tcp reset"
                  for fam, addr in (("ip", "127.0.0.0/8"), ("ip6", "::1"))]
-    # a peer on loopback is an operator at the proxy (proxy_operator_networks): root only
-    local += [f'oifname "lo" {fam} daddr {addr} tcp dport @proxy_ports {syn} '
-              "meta skuid != 0 reject with tcp reset"
-              for fam, addr in (("ip", "127.0.0.0/8"), ("ip6", "::1")) if guard.proxy_ports]
     lines = [
         "#!/usr/sbin/nft -f",
         "# Managed by gpuserve (pyinfra): only the proxy and gpuserve open the engines' ports",
@@ -101,9 +75,6 @@ def ruleset(guard: Guard) -> str:
         *([f"\t\telements = {{ {ports} }}"] if ports else []),
         "\t}",
         "",
-        *(["\tset proxy_ports {", "\t\ttype inet_service",
-            f"\t\telements = {{ {', '.join(str(p) for p in guard.proxy_ports)} }}", "\t}", ""]
-          if guard.proxy_ports else []),
         "\tset engine_users {",
         "\t\ttype uid",
         f"\t\telements = {{ {users} }}",

@@ -19,9 +19,7 @@ from gpuserve.config import HostSettings
 
 def guard_of(settings: HostSettings) -> engine_guard.Guard:
     return engine_guard.plan((d.serve_port for d in settings.deployments), service_user=layout.SERVICE_USER,
-                             proxy=settings.proxy, trusted_network=settings.trusted_network,
-                             proxy_ports=(d.proxy_port for d in settings.deployments),
-                             operator_networks=settings.proxy_operator_networks)
+                             proxy=settings.proxy, trusted_network=settings.trusted_network)
 
 
 def engine_guard_layer(settings: HostSettings) -> None:

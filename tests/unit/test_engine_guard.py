@@ -74,8 +74,6 @@ def test_the_guard_follows_the_host_plan():
     assert guard.ports == tuple(d.serve_port for d in s.deployments)
     assert ("www-data" in guard.users) == s.proxy and guard.users[:2] == ("root", "gpuserve")
     assert guard.network == (not s.trusted_network)
-    # the default proxy_operator_networks (loopback) make the proxy ports root's on loopback
-    assert guard.proxy_ports == (tuple(sorted({d.proxy_port for d in s.deployments})) if s.proxy else ())
 
 
 def test_engines_require_the_guard_unit():
@@ -101,24 +99,3 @@ def test_the_plan_warning_names_every_unkeyed_route_and_the_guard():
     for route in ("/invocations", "/tokenize", "/metrics", "/scale_elastic_ep"):
         assert route in warning
     assert "covers only /v1" in warning and "engine guard" in warning and "trusted_network" in warning
-
-
-def test_behind_the_proxy_a_loopback_peer_is_an_operator_so_only_root_opens_it_there():
-    """nginx lets peers in proxy_operator_networks (loopback by default) reach /invocations and
-    every operator route without a key: on loopback, only root opens the proxy port."""
-    rules = _rules(proxy_ports=[8443, 8443], operator_networks=["127.0.0.1/32", "::1/128"])
-    assert "set proxy_ports {\n\t\ttype inet_service\n\t\telements = { 8443 }" in rules
-    out = _chain(rules, "output")
-    assert out[2:] == [f'oifname "lo" {fam} daddr {addr} tcp dport @proxy_ports '
-                       "tcp flags & (syn | ack) == syn meta skuid != 0 reject with tcp reset"
-                       for fam, addr in (("ip", "127.0.0.0/8"), ("ip6", "::1"))]
-
-
-def test_the_proxy_port_is_left_alone_where_loopback_is_no_operator_network():
-    for kw in (dict(operator_networks=["10.0.0.0/8"]), dict(operator_networks=[]),
-               dict(proxy=False, operator_networks=["127.0.0.1/32"])):
-        rules = _rules(proxy_ports=[8443], **kw)
-        assert "proxy_ports" not in rules, kw
-    for nets in (["127.0.0.1"], ["0.0.0.0/0"], ["::/0"], ["127.0.0.0/8"], ["::1"]):
-        assert engine_guard.admits_loopback(nets), nets
-    assert not engine_guard.admits_loopback(["10.0.0.0/8", "fd00::/8"])
