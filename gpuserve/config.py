@@ -670,7 +670,10 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         bad("serve_host", f"{host_!r} is not an IP address or host name")
     elif host_ in ("0.0.0.0", "::"):
         c.warnings.append(f"{path}: serve_host {host_} listens on every interface; vLLM's API key "
-                          "does not cover /health, /metrics, /tokenize: keep a proxy in front")
+                          "covers only /v1 (/invocations, /tokenize, /metrics, /scale_elastic_ep "
+                          "answer without it): the engine guard (nftables) resets connections from "
+                          "the network unless trusted_network = True, and from local users other "
+                          "than root, gpuserve and the proxy's (docs/configuration.md)")
     _int_key(c, values, origins, "serve_port", 1024, 65535, optional=False)
     effort = values["reasoning_effort"]
     if effort is not None and effort not in recipes.REASONING_EFFORTS:

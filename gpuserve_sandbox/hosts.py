@@ -308,6 +308,9 @@ class Sandbox:
             f"--hostname={host.name}", "--register=no", "--keep-unit",
             f"--network-namespace-path=/run/netns/{host.machine}", "--resolv-conf=off",
             "--link-journal=no", "--console=read-only",
+            # a real host's root may load nftables rules (the engine guard, gpuserve/engine_guard.py):
+            # only in the host's own network namespace, as nspawn's --private-network grants it
+            "--capability=CAP_NET_ADMIN",
             # a bind over /proc takes its source from inside the container: bind the dir in first
             f"--bind-ro={hdir / 'sim'}:/run/gpuserve-sim-host",
             "--bind-ro=/run/gpuserve-sim-host/proc-driver:/proc/driver",

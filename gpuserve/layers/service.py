@@ -19,9 +19,10 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import apt, files, server, systemd
 
-from gpuserve import api_keys, layout, recipes, rollout
+from gpuserve import api_keys, engine_guard, layout, recipes, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
+from gpuserve.layers.engine_guard import engine_guard_layer
 from gpuserve.facts.service import Deployment, DeploymentState, ReleaseRecords
 from gpuserve.releases import Ledger, Release, unreferenced
 from gpuserve.values import is_loopback
@@ -67,6 +68,8 @@ def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, sta
     files.directory(name="gpuserve tools", path=f"{layout.OPT_DIR}/bin", user="root", group="root",
                     mode="755")
     files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
+    # before any engine starts: only the proxy and gpuserve open the engine ports (issue 12, 6)
+    engine_guard_layer(settings)
     pointers = {dep.name: _deployment(settings, dep, releases[dep.name], start)
                 for dep in settings.deployments}
     _retention(settings, releases, pointers, removed)
@@ -112,6 +115,7 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
         # GPU engines with several ranks reach each other (NCCL/gloo bootstrap) on the host's
         # own address, not loopback: the address filter is for engines without GPUs only
         loopback_only=is_loopback(dep.serve_host) and not serve.gpus,
+        guard=engine_guard.UNIT,
     )
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
     systemd.service(name=f"{name}: unit enabled at boot", service=layout.unit_name(name),

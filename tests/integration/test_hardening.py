@@ -367,3 +367,41 @@ def test_tls_headers_hosts_and_logs(fleet, converged, sandbox):
     time.sleep(1)
     journal = sandbox.ssh(h, f"journalctl -u {UNIT} --no-pager -o cat --since '-2min'").stdout
     assert "6.6.6.6" not in journal
+
+
+ENGINE_PORT = 8000   # group_data/all.py serve_port: the engine listens on 127.0.0.1 there
+# (method, path, body) of engine routes the engine's own key does not cover: inference, tokenizer,
+# metrics and scaling
+UNKEYED = (("POST", "/invocations", '{"model":"tiny-chat","prompt":"Hi","max_tokens":2}'),
+           ("POST", "/tokenize", '{"model":"tiny-chat","prompt":"Hi"}'),
+           ("GET", "/metrics", None),
+           ("POST", "/scale_elastic_ep", "{}"))
+
+
+def _curl_as(sandbox, h, user: str, method: str, url: str, body: str | None) -> tuple[str, int]:
+    """(HTTP status curl printed, curl's exit status) of one request made on the host as ``user``."""
+    data = f"-H 'Content-Type: application/json' -d '{body}'" if body is not None else ""
+    run = sandbox.ssh(h, f"runuser -u {user} -- curl -sk -o /dev/null -w '%{{http_code}}' -m 10 "
+                         f"-X {method} {data} '{url}'", check=False)
+    return run.stdout.strip(), run.returncode
+
+
+def test_local_users_get_no_answer_from_the_engine_port(fleet, converged, sandbox):
+    """Finding 6 (the host half): vLLM's key covers only /v1, so on the host only the proxy (and
+    root, and the engine's own user) may open the engine's port; other local users get a reset."""
+    h = fleet["host"]
+    assert ENGINE_PORT == 8000 and f"127.0.0.1:{ENGINE_PORT}" in sandbox.ssh(h, "ss -ltn").stdout
+    for user in ("nobody", LOGIN_USER):
+        # the user can open connections at all: the proxy's port answers it
+        code, rc = _curl_as(sandbox, h, user, "GET", f"https://127.0.0.1:{PORT}/health", None)
+        assert code == "200", (user, code, rc)
+        for method, path, body in UNKEYED:
+            code, rc = _curl_as(sandbox, h, user, method, f"http://127.0.0.1:{ENGINE_PORT}{path}", body)
+            # 7: connection refused, 56: reset; "000": no HTTP answer at all
+            assert code == "000" and rc in (7, 56), (user, method, path, code, rc)
+    # root (gpuserve's gate, status, drain checks, watchdog) and the engine's own user still do
+    for user in ("root", layout.SERVICE_USER):
+        code, rc = _curl_as(sandbox, h, user, "GET", f"http://127.0.0.1:{ENGINE_PORT}/metrics", None)
+        assert code == "200", (user, code, rc)
+    # and clients through the proxy
+    assert _chat(sandbox, fleet, fleet["key"]) == 200

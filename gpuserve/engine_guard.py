@@ -1,0 +1,122 @@
+"""The engine guard: an nftables table that lets only the proxy (and gpuserve itself) open the
+engines' ports on a serving host (issue 12, finding 6). Pure: the ruleset from the host's plan.
+
+vLLM's own key covers only /v1: /invocations (full inference), /tokenize, /metrics and
+/scale_elastic_ep answer anyone who can open the engine's port. SGLang checks its key the same
+way, per route. Listening on loopback keeps other hosts out, not the host's other users. So
+every serving host loads ``table inet gpuserve`` (``nft -f``, from the systemd unit
+gpuserve-engine-guard.service that every engine unit requires):
+
+- ``output``: a connection opened on this host (a SYN that leaves through ``lo``: any of the
+  host's own addresses, 127.0.0.0/8 and ::1 included) to an engine port is reset unless the
+  socket's owner (``meta skuid``) is root (gpuserve's gate, status, drain checks and watchdog run
+  as root), the engine's own user (its readiness probe, ExecStartPost) or, behind the proxy,
+  nginx's worker user. Only the SYN is judged: it always has a socket with an owner, while
+  packets the kernel sends for a closing connection have none.
+- ``input``: a connection from the network to an engine port is reset, unless the operator set
+  ``trusted_network = True`` (then the network in front is trusted, and the output rule guards
+  loopback only, so a monitor on the same host may still scrape the host's own address).
+
+One mechanism for both engines: vLLM has a unix socket (``--uds``), SGLang has none, and the
+health checks, drain checks and Prometheus scrapes all speak HTTP on the port. Where the check
+stops: root and the engine's own user are trusted (both can read the engine's key anyway), and
+so is every process running as nginx's worker user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+TABLE = "gpuserve"
+RULES_PATH = "/etc/gpuserve/engine-guard.nft"
+UNIT = "gpuserve-engine-guard.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+NFT = "/usr/sbin/nft"
+# Debian's nginx starts its workers as www-data (/etc/nginx/nginx.conf `user www-data;`): they are
+# what opens the engine's port for clients
+PROXY_USER = "www-data"
+
+
+@dataclass(frozen=True)
+class Guard:
+    ports: tuple[int, ...]          # every deployment's serve_port on the host
+    users: tuple[str, ...]          # who may open them on the host
+    network: bool                   # True: connections from the network are reset too
+
+
+def plan(ports: Iterable[int], *, service_user: str, proxy: bool, trusted_network: bool) -> Guard:
+    users = ("root", service_user) + ((PROXY_USER,) if proxy else ())
+    return Guard(tuple(sorted(set(ports))), tuple(dict.fromkeys(users)), network=not trusted_network)
+
+
+def ruleset(guard: Guard) -> str:
+    """The file ``nft -f`` loads: it replaces gpuserve's own table at once (one transaction) and
+    touches no other table (the operator's /etc/nftables.conf stays as it is)."""
+    ports = ", ".join(str(p) for p in guard.ports)
+    users = ", ".join(f'"{u}"' for u in guard.users)
+    syn = "tcp flags & (syn | ack) == syn"
+    if guard.network:
+        local = [f'oifname "lo" tcp dport @engine_ports {syn} meta skuid != @engine_users '
+                 "reject with tcp reset"]
+    else:   # trusted_network: the host's own non-loopback addresses are as open as the network
+        local = [f'oifname "lo" {fam} daddr {addr} tcp dport @engine_ports {syn} '
+                 "meta skuid != @engine_users reject with tcp reset"
+                 for fam, addr in (("ip", "127.0.0.0/8"), ("ip6", "::1"))]
+    lines = [
+        "#!/usr/sbin/nft -f",
+        "# Managed by gpuserve (pyinfra): only the proxy and gpuserve open the engines' ports",
+        "# (gpuserve/engine_guard.py, docs/configuration.md). Check: nft list table inet gpuserve",
+        f"table inet {TABLE}",
+        f"delete table inet {TABLE}",
+        f"table inet {TABLE} {{",
+        "\tset engine_ports {",
+        "\t\ttype inet_service",
+        *([f"\t\telements = {{ {ports} }}"] if ports else []),
+        "\t}",
+        "",
+        "\tset engine_users {",
+        "\t\ttype uid",
+        f"\t\telements = {{ {users} }}",
+        "\t}",
+        "",
+        "\tchain output {",
+        "\t\ttype filter hook output priority filter; policy accept;",
+        *(f"\t\t{rule}" for rule in local),
+        "\t}",
+    ]
+    if guard.network:
+        lines += [
+            "",
+            "\tchain input {",
+            "\t\ttype filter hook input priority filter; policy accept;",
+            '\t\tiifname != "lo" tcp dport @engine_ports reject with tcp reset',
+            "\t}",
+        ]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def unit_text() -> str:
+    """gpuserve-engine-guard.service: loads the table before any engine starts (each engine unit
+    has Requires= and After= on it), at boot too; a reload replaces the table in place."""
+    return f"""\
+# Managed by gpuserve (pyinfra): the engine guard (gpuserve/engine_guard.py). Engines require it:
+# if the table does not load, no engine starts. Stopping this unit leaves the table loaded.
+[Unit]
+Description=gpuserve engine guard: only the proxy and gpuserve open the engines' ports
+DefaultDependencies=no
+After=local-fs.target
+Before=network-pre.target shutdown.target
+Wants=network-pre.target
+Conflicts=shutdown.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={NFT} -f {RULES_PATH}
+ExecReload={NFT} -f {RULES_PATH}
+
+[Install]
+WantedBy=multi-user.target
+"""

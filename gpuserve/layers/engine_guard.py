@@ -1,0 +1,35 @@
+"""Engine guard layer: nftables' ``table inet gpuserve`` on every serving host, loaded by
+gpuserve-engine-guard.service before any engine starts (the ruleset: gpuserve/engine_guard.py).
+
+Installs Debian's ``nftables`` package for ``nft`` only: Debian's nftables.service (which loads
+the operator's /etc/nftables.conf) is neither enabled nor started here, and the guard touches
+no table but its own. A changed ruleset is a ``systemctl reload`` of the guard: the table is
+replaced in one transaction, and no engine restarts.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra.operations import apt, files, systemd
+
+from gpuserve import engine_guard, layout
+from gpuserve.config import HostSettings
+
+
+def guard_of(settings: HostSettings) -> engine_guard.Guard:
+    return engine_guard.plan((d.serve_port for d in settings.deployments), service_user=layout.SERVICE_USER,
+                             proxy=settings.proxy, trusted_network=settings.trusted_network)
+
+
+def engine_guard_layer(settings: HostSettings) -> None:
+    guard = guard_of(settings)
+    apt.packages(name="nftables (nft) for the engine guard", packages=["nftables"])
+    rules = files.put(name="Engine guard ruleset: only the proxy and gpuserve open the engine ports "
+                           f"({', '.join(map(str, guard.ports))})",
+                      src=StringIO(engine_guard.ruleset(guard)), dest=engine_guard.RULES_PATH,
+                      user="root", group="root", mode="644")
+    unit = files.put(name="Engine guard unit", src=StringIO(engine_guard.unit_text()),
+                     dest=engine_guard.UNIT_PATH, user="root", group="root", mode="644")
+    systemd.service(name="Engine guard loaded, and at boot", service=engine_guard.UNIT, running=True,
+                    enabled=True, reloaded=rules.will_change, daemon_reload=unit.will_change)

@@ -1,0 +1,101 @@
+"""The engine guard's ruleset (gpuserve/engine_guard.py) from a host's plan (issue 12, finding 6).
+
+The rules' effect is proven on a sandbox host (tests/integration/test_hardening.py): a local user
+other than root, gpuserve and nginx's gets a reset from the engine port. Here: what is rendered.
+"""
+
+from gpuserve import engine_guard
+from gpuserve.layers.engine_guard import guard_of
+
+from .helpers import make_inventory, settings_of
+
+SHA = "a" * 40
+
+
+def _rules(**kw) -> str:
+    args = dict(ports=[8001, 8000, 8000], service_user="gpuserve", proxy=True, trusted_network=False)
+    args.update(kw)
+    return engine_guard.ruleset(engine_guard.plan(**args))
+
+
+def _chain(rules: str, name: str) -> list[str]:
+    body = rules.split(f"\tchain {name} {{\n", 1)[1].split("\t}", 1)[0]
+    return [line.strip() for line in body.splitlines() if line.strip()]
+
+
+def test_behind_the_proxy_only_root_gpuserve_and_nginx_open_the_engine_ports():
+    rules = _rules()
+    assert "elements = { 8000, 8001 }" in rules                   # each port once, in order
+    assert 'elements = { "root", "gpuserve", "www-data" }' in rules
+    assert _chain(rules, "output") == [
+        "type filter hook output priority filter; policy accept;",
+        'oifname "lo" tcp dport @engine_ports tcp flags & (syn | ack) == syn '
+        "meta skuid != @engine_users reject with tcp reset"]
+    # nobody on the network: the proxy is the way in
+    assert _chain(rules, "input") == [
+        "type filter hook input priority filter; policy accept;",
+        'iifname != "lo" tcp dport @engine_ports reject with tcp reset']
+
+
+def test_the_table_is_replaced_whole_and_nothing_else_is_touched():
+    rules = _rules()
+    lines = rules.splitlines()
+    # create-if-absent, delete, define: one transaction under `nft -f`, no flush of the ruleset
+    i = lines.index("table inet gpuserve")
+    assert lines[i + 1:i + 3] == ["delete table inet gpuserve", "table inet gpuserve {"]
+    assert "flush ruleset" not in rules
+    tables = [line.split("table ", 1)[1] for line in lines if line.startswith(("table ", "delete table "))]
+    assert tables == ["inet gpuserve", "inet gpuserve", "inet gpuserve {"]
+
+
+def test_without_the_proxy_nginx_is_not_let_in():
+    rules = _rules(proxy=False)
+    assert 'elements = { "root", "gpuserve" }' in rules and "www-data" not in rules
+
+
+def test_a_trusted_network_leaves_the_network_in_and_guards_loopback_only():
+    rules = _rules(proxy=False, trusted_network=True)
+    assert "chain input" not in rules
+    out = _chain(rules, "output")[1:]
+    assert [r.split(" tcp dport")[0] for r in out] == ['oifname "lo" ip daddr 127.0.0.0/8',
+                                                      'oifname "lo" ip6 daddr ::1']
+    assert all(r.endswith("meta skuid != @engine_users reject with tcp reset") for r in out)
+
+
+def test_no_deployment_no_port_still_a_valid_table():
+    rules = _rules(ports=[])
+    assert "elements = {  }" not in rules and "type inet_service" in rules
+
+
+def test_the_guard_follows_the_host_plan():
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA})
+    s = settings_of(inv)
+    guard = guard_of(s)
+    assert guard.ports == tuple(d.serve_port for d in s.deployments)
+    assert ("www-data" in guard.users) == s.proxy and guard.users[:2] == ("root", "gpuserve")
+    assert guard.network == (not s.trusted_network)
+
+
+def test_engines_require_the_guard_unit():
+    import jinja2
+
+    from gpuserve.layers.service import TEMPLATES
+    unit = jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
+        deployment="m", engine="vllm", deployment_dir="/d", current="/d/current", secrets_env="/d/s",
+        user_name="gpuserve", group_name="gpuserve", home="/h", cache="/c", start_timeout_s=60,
+        stop_timeout_s=60, devices=[], supplementary_groups=[], after=[], loopback_only=True,
+        guard=engine_guard.UNIT)
+    assert f"Requires={engine_guard.UNIT}\n" in unit and f"After={engine_guard.UNIT}\n" in unit
+    text = engine_guard.unit_text()
+    assert f"ExecStart=/usr/sbin/nft -f {engine_guard.RULES_PATH}\n" in text
+    assert f"ExecReload=/usr/sbin/nft -f {engine_guard.RULES_PATH}\n" in text
+    assert "RemainAfterExit=yes" in text and "ExecStop" not in text   # stopping never opens the ports
+
+
+def test_the_plan_warning_names_every_unkeyed_route_and_the_guard():
+    inv = make_inventory(group="cpu", fleet={"model_revision": SHA, "serve_host": "0.0.0.0",
+                                                    "trusted_network": True})
+    (warning,) = [w for w in settings_of(inv).warnings if "every interface" in w]
+    for route in ("/invocations", "/tokenize", "/metrics", "/scale_elastic_ep"):
+        assert route in warning
+    assert "covers only /v1" in warning and "engine guard" in warning and "trusted_network" in warning
