@@ -102,7 +102,7 @@ def unit_text() -> str:
     has Requires= and After= on it), at boot too; a reload replaces the table in place."""
     return f"""\
 # Managed by gpuserve (pyinfra): the engine guard (gpuserve/engine_guard.py). Engines require it:
-# if the table does not load, no engine starts. Stopping this unit leaves the table loaded.
+# if the table does not load, no engine starts; stopping it stops them and drops the table.
 [Unit]
 Description=gpuserve engine guard: only the proxy and gpuserve open the engines' ports
 DefaultDependencies=no
@@ -116,6 +116,7 @@ Type=oneshot
 RemainAfterExit=yes
 ExecStart={NFT} -f {RULES_PATH}
 ExecReload={NFT} -f {RULES_PATH}
+ExecStop=-{NFT} delete table inet {TABLE}
 
 [Install]
 WantedBy=multi-user.target

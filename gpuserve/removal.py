@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
-from gpuserve import gateway, layout, monitoring, proxy_conf, rollout
+from gpuserve import engine_guard, gateway, layout, monitoring, proxy_conf, rollout
 
 # the first line of templates/gpuserve.service.j2
 UNIT_MARKER = "# Managed by gpuserve (pyinfra): do not edit here, change group_data and converge."
@@ -74,6 +74,7 @@ GATEWAY_UNIT = f"{SYSTEMD_DIR}/{gateway.UNIT}"
 MARKED: tuple[tuple[str, str | None], ...] = (
     (WATCHDOG_TEMPLATE, None),            # its instances go with their deployments
     (GATEWAY_UNIT, gateway.UNIT),
+    (engine_guard.UNIT_PATH, engine_guard.UNIT),   # stopping it drops its nftables table
     ("/etc/default/prometheus-node-exporter", "prometheus-node-exporter.service"),
     ("/etc/default/prometheus", "prometheus.service"),
     (monitoring.PROMETHEUS_YML, "prometheus.service"),

@@ -89,7 +89,10 @@ def test_engines_require_the_guard_unit():
     text = engine_guard.unit_text()
     assert f"ExecStart=/usr/sbin/nft -f {engine_guard.RULES_PATH}\n" in text
     assert f"ExecReload=/usr/sbin/nft -f {engine_guard.RULES_PATH}\n" in text
-    assert "RemainAfterExit=yes" in text and "ExecStop" not in text   # stopping never opens the ports
+    assert "RemainAfterExit=yes" in text
+    # stopping it (decommission) drops its table; the engines that require it stop with it, so
+    # no engine port is open without the table
+    assert "ExecStop=-/usr/sbin/nft delete table inet gpuserve" in text
 
 
 def test_the_plan_warning_names_every_unkeyed_route_and_the_guard():
