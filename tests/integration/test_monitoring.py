@@ -40,7 +40,10 @@ def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory
     # this test is about the stall path
     data = ["--data", f"operator_keys_file={keys}", "--data", "monitor_scrape_interval_s=5",
             "--data", f"watchdog_stall_s={STALL_S}", "--data", "watchdog_probe_timeout_s=120",
-            "--data", "alert_nvme_free_gib=1"]
+            "--data", "alert_nvme_free_gib=1",
+            # the serving host admits client routes only from its gateways: the hang test's load
+            # comes from this machine, admitted like a gateway (as bench/gateway.py does)
+            "--data", f"gateway_addresses={json.dumps([gateway.ip, sandbox.bridge_ip])}"]
     return {"serving": serving, "gateway": gateway, "monitor": monitor, "certs": files, "data": data,
             "key": fleet_view.client_key(sandbox)}
 
