@@ -354,6 +354,24 @@ class Sandbox:
         raise SandboxError(f"{host.name} ({host.ip}) not ready after {wait:.0f} s (state {state}); "
                            f"see {self.host_dir(host) / 'console.log'}")
 
+    def journal_report(self, lines: int = 25) -> str:
+        """For a failed test's report: on each running host, its failed units and the errors its
+        journal logged this boot (a unit that failed and came back by Restart= is only there)."""
+        # systemd's own notices say why a unit failed ("status=219/CGROUP", "start-limit-hit")
+        script = ("systemctl --failed --no-legend --plain; echo '-- systemd:'; "
+                  f"journalctl -b _PID=1 -p notice -n {lines} --no-pager -o short-monotonic; "
+                  "echo '-- other errors:'; journalctl -b -p err -n 200 --no-pager -o short-monotonic "
+                  f"| grep -v -e pam_env -e 'systemd\\[1\\]' | tail -n {lines}")
+        parts = []
+        for host in self.hosts():
+            try:
+                proc = run([*self.ssh_args(host), script], check=False, timeout=20)
+                text = (proc.stdout + proc.stderr).strip() or "(nothing)"
+            except subprocess.TimeoutExpired:
+                text = "(no answer within 20 s)"
+            parts.append(f"== {host.name} ({host.ip})\n{text}")
+        return "\n".join(parts)
+
     def _failed_units(self, host: SandboxHost) -> list[str]:
         out = run([*self.ssh_args(host), "systemctl --failed --no-legend --plain"], check=False).stdout
         return [line.split()[0] for line in out.splitlines() if line.split() and "." in line.split()[0]]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+_HOST_ERROR = re.compile(r"^\s+\[[^\]]+\] Error")
 _TOTAL = re.compile(r"^\s*Grand total\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", re.M)
 
 
@@ -44,10 +45,26 @@ class PyinfraRun:
     def unchanged(self) -> int:
         return self._total(3)
 
+    def failures(self, limit: int = 80) -> list[str]:
+        """The operations that failed, each with what pyinfra printed under it (the commands'
+        output, then ``[host] Error: ...``). The results table at the end only counts them."""
+        out: list[str] = []
+        section: list[str] = []
+        for line in self.output.splitlines() + ["--> end"]:
+            if line.startswith("-->"):
+                if any(_HOST_ERROR.match(s) for s in section):
+                    out += section
+                section = [line] if line.startswith("--> Starting operation") else []
+            elif section:
+                section.append(line)
+        return out[-limit:]
+
     def check(self) -> "PyinfraRun":
         if self.returncode != 0:
-            raise AssertionError(f"pyinfra {' '.join(self.args)} exited {self.returncode}:\n"
-                                 f"{self.output[-6000:]}")
+            failed = "\n".join(self.failures()) or "(no failed operation printed)"
+            raise AssertionError(f"pyinfra {' '.join(self.args)} exited {self.returncode}.\n"
+                                 f"Failed operations and their output:\n{failed}\n"
+                                 f"The end of its output:\n{self.output[-4000:]}")
         return self
 
 

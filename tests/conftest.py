@@ -143,6 +143,20 @@ def testinfra_host(sandbox):
     return get
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed sandbox test's report also carries each host's failed units and journal errors:
+    CI keeps only the report, and the hosts are gone after the run."""
+    report = yield
+    box = getattr(item, "funcargs", {}).get("sandbox")
+    if report.failed and call.when == "call" and box is not None:
+        try:
+            report.sections.append(("sandbox hosts: failed units, journal errors", box.journal_report()))
+        except Exception as exc:  # a report must never fail the run
+            report.sections.append(("sandbox hosts", f"could not be read: {exc}"))
+    return report
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/integration/" in str(item.fspath):

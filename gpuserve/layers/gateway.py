@@ -234,7 +234,8 @@ def _front(settings: HostSettings) -> None:
     systemd.service(name="nginx running and enabled", service="nginx.service", running=True,
                     enabled=True)
     systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",
-                    restarted=True, _if=dropin.did_change)
+                    restarted=True, _if=dropin.did_change, **proxy_layer.NGINX_RETRY)
     server.shell(name="Reload nginx (gateway keys or configuration changed)",
                  commands=["nginx -t -q", proxy_layer.RELOAD_AND_WAIT],
-                 _if=any_changed(default_site, common, tls_conf, *tls, keys, op_keys, strip, conf))
+                 _if=any_changed(default_site, common, tls_conf, *tls, keys, op_keys, strip, conf),
+                 **proxy_layer.NGINX_RETRY)

@@ -51,6 +51,14 @@ def conf_path(deployment: str) -> str:
 
 
 DROPIN = "/etc/systemd/system/nginx.service.d/gpuserve.conf"
+# nginx's restart and reload are tried up to twice more, 3 s apart, before the host fails: in
+# one CI run under load, a fresh host's restart and the other host's reload failed, and the
+# module's 8 tests passed here on the same code. The cause is unknown (CI kept only pyinfra's
+# results table; failed sandbox tests now report the hosts' journals, tests/conftest.py), and
+# over 300 restarts by hand, some of fresh installs and under load, never failed. Like the
+# engine guard's spawn failures (status=219/CGROUP, gpuserve/layers/engine_guard.py), a
+# transient failure is tried again; three in a row fail the host.
+NGINX_RETRY = {"_retries": 2, "_retry_delay": 3}
 
 
 def keys_map(keys: list[str], prefix: str = "c") -> str:
@@ -152,10 +160,10 @@ def proxy(settings: HostSettings, *, sites_removed: bool = False,
     systemd.service(name="nginx running and enabled", service="nginx.service", running=True,
                     enabled=True)
     systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",
-                    restarted=True, _if=dropin.did_change)
+                    restarted=True, _if=dropin.did_change, **NGINX_RETRY)
     server.shell(name="Reload nginx (keys or configuration changed; the engine keeps running)",
                  commands=["nginx -t -q", RELOAD_AND_WAIT],
-                 _if=None if sites_removed else any_changed(*changed))
+                 _if=None if sites_removed else any_changed(*changed), **NGINX_RETRY)
     if drain_flags:
         server.shell(name=f"Remove the drain flags of removed deployments ({', '.join(drain_flags)})",
                      commands=[f"rm -f {' '.join(drain_flags)}"])
