@@ -7,6 +7,9 @@ Every client request goes to the gateway only; the harness's own balancer is not
 side by side, in one run:
   * gateway overhead: p50 of a 1-token chat through the gateway / straight to a host's proxy
     (the bench's own address is admitted as a gateway for this: gateway_addresses), interleaved;
+    once with the real engines, and once with every engine replaced by a stand-in that answers
+    at once (sim-engine-stub, below) over kept-alive connections, so the difference is what the
+    gateway's hop adds (its nginx, smg, its TLS to the host), not the engine's noise;
   * prefix cache: C conversations x T turns, each re-sending one long shared system prompt and
     tool definitions plus its growing history, under cache_aware and then round_robin (a fresh
     prompt per policy, so neither reuses the other's cache): sum over hosts of
@@ -19,6 +22,7 @@ side by side, in one run:
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import statistics
@@ -63,6 +67,73 @@ def request(url: str, ctx, key: str, body: dict, timeout: float = 300) -> tuple[
         return exc.code, 0.0, time.monotonic() - t0
     except OSError:
         return 0, 0.0, time.monotonic() - t0
+
+
+# sim-engine-stub: a stand-in for the engine, for the overhead section only. It answers /health,
+# /v1/models and any chat at once with a fixed 1-token completion, on the engine's port behind
+# the host's real proxy, while the engine's unit is stopped.
+SIM_ENGINE = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+CHAT = json.dumps({"id": "sim", "object": "chat.completion", "created": 0, "model": "tiny-chat",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                 "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+MODELS = json.dumps({"object": "list", "data": [{"id": "tiny-chat", "object": "model",
+                                                "owned_by": "sim"}]}).encode()
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def _send(self, body):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self._send(MODELS if self.path.startswith("/v1/models") else b"{}")
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send(CHAT)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+class Kept:
+    """One kept-alive HTTPS connection; request() -> (status, seconds), reconnecting once."""
+
+    def __init__(self, host: str, port: int, ctx, key: str):
+        self.host, self.port, self.ctx, self.key = host, port, ctx, key
+        self.conn = None
+
+    def request(self, body: dict) -> tuple[int, float]:
+        data = json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+        for _ in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPSConnection(self.host, self.port, timeout=30, context=self.ctx)
+            t0 = time.monotonic()
+            try:
+                self.conn.request("POST", "/v1/chat/completions", body=data, headers=headers)
+                resp = self.conn.getresponse()
+                resp.read()
+                return resp.status, time.monotonic() - t0
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+        return 0, 0.0
+
+
+def stub_engines(f, serving, on: bool) -> None:
+    """Replace every serving host's engine by sim-engine-stub (on) or put the engine back."""
+    for h in serving:
+        if on:
+            f.sandbox.ssh(h, f"systemctl stop gpuserve-{DEP} && cat > /run/sim-engine-stub.py <<'EOF'\n"
+                             f"{SIM_ENGINE}\nEOF\nsystemd-run --unit sim-engine-stub "
+                             "python3 /run/sim-engine-stub.py 8000", timeout=300)
+        else:
+            f.sandbox.ssh(h, f"systemctl stop sim-engine-stub; systemctl start gpuserve-{DEP}", timeout=300)
 
 
 def metrics(f, h) -> dict[str, float]:
@@ -214,6 +285,36 @@ def main() -> None:
             ("added p50", f"{(p50v - p50d) * 1000:.1f} ms", "target <= 2 ms"),
         ])
 
+        # --- overhead of the gateway's hop alone: every engine a stand-in that answers at once ----
+        stub_engines(f, serving, on=True)
+        try:
+            assert wait_all_healthy(f, gw, serving), states(f, gw)
+            through = Kept(gw.ip, GW_PORT, gw_ctx, key)
+            straight = Kept(h.ip, 8443, h_ctx, key)
+            for _ in range(10):   # connections opened, smg's to the hosts too
+                through.request(one)
+                straight.request(one)
+            via, direct = [], []
+            pairs = 300
+            for _ in range(pairs):
+                s1, t1 = through.request(one)
+                s2, t2 = straight.request(one)
+                if s1 == 200 and s2 == 200:
+                    via.append(t1)
+                    direct.append(t2)
+            diffs = sorted(a - b for a, b in zip(via, direct))
+            q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+            table(f"Gateway overhead with stand-in engines (sim-engine-stub), kept-alive, "
+                  f"{pairs} interleaved pairs", [
+                ("p50 through the gateway", f"{statistics.median(via) * 1000:.2f} ms", f"{len(via)}/{pairs} pairs ok"),
+                (f"p50 straight to {h.name}'s proxy", f"{statistics.median(direct) * 1000:.2f} ms", ""),
+                ("added p50 (median of the pairs' differences)", f"{q(diffs, 0.5) * 1000:.2f} ms",
+                 f"p25 {q(diffs, 0.25) * 1000:.2f} / p75 {q(diffs, 0.75) * 1000:.2f} ms; target <= 2 ms"),
+            ])
+        finally:
+            stub_engines(f, serving, on=False)
+        assert wait_all_healthy(f, gw, serving, bound_s=600), states(f, gw)
+
         # --- prefix cache: cache_aware vs round_robin ----------------------------------------------
         rows = []
         results = {}
@@ -268,8 +369,9 @@ def main() -> None:
         with Loop(gw_url, gw_ctx, key) as loop:
             # --limit cpu: deploys/upgrade.py does not skip hosts that serve nothing (yet); the
             # rollout reaches the gateway outside the limit by itself (gpuserve.layers.rotation)
+            # no monitor host here to judge a canary: no bake (deploys/upgrade.py refuses without)
             run = f.pyinfra("deploys/upgrade.py", "--limit", "cpu", "--data", f"model_revision={sha1}",
-                            "--data", f"gateway_addresses={admit}")
+                            "--data", f"gateway_addresses={admit}", "--data", "canary_bake_s=0")
         drained = run.output.count("reports it drained")
         finished = run.output.count("in-flight requests finished")
         table(f"Rolling upgrade of {len(serving)} hosts, client loop at the gateway only", [
