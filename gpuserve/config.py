@@ -88,7 +88,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "proxy_conn_per_key": 32,  # requests in flight per key (nginx limit_conn)
     "proxy_conn_per_address": 64,  # requests in flight per client address
     "proxy_client_timeout_s": 10,  # header, body-read, idle timeouts that end slow clients
-    "proxy_operator_networks": ["127.0.0.1/32", "::1/128"],  # reach operator routes without a key
+    "proxy_operator_networks": ["127.0.0.1/32", "::1/128"],  # /metrics, /version, /load without a key
     "proxy_server_names": [],  # Host names the proxy answers besides the host's name and address
     "trusted_network": False,  # True: serve_host may leave loopback without the proxy
     "rollback_to": None,  # deploys/rollback.py: a release id instead of each host's previous

@@ -41,7 +41,7 @@ proxy_burst_per_key = 40
 proxy_conn_per_key = 32          # requests in flight per client key
 proxy_conn_per_address = 64      # requests in flight per client address
 proxy_client_timeout_s = 10      # header, body-read and idle timeouts: slow clients are cut off
-proxy_operator_networks = ["127.0.0.1/32", "::1/128"]   # operator routes without a key
+proxy_operator_networks = ["127.0.0.1/32", "::1/128"]   # /metrics, /version, /load without a key
 trusted_network = False          # True: serve_host may leave loopback without the proxy
 
 # --- host changes -----------------------------------------------------------------------------

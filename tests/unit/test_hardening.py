@@ -40,20 +40,40 @@ def test_key_patterns_are_exact_and_case_sensitive():
 
 def test_clients_reach_only_the_inference_routes_and_everything_else_is_operator_only():
     locations = _locations(_conf())
-    client = [loc for loc in locations if loc not in ("= /health", "/")]
+    client = [loc for loc in locations
+              if loc not in ("= /health", "/") and loc not in proxy_conf.MONITOR_ROUTES]
     assert [loc for loc, _ in proxy_conf.CLIENT_ROUTES] == client
     for loc in client:
         assert 'if ($gpuserve_minimax_key = "") {\n            return 401' in locations[loc]
-    for route in ("/metrics", "/scale_elastic_ep", "/docs", "/openapi.json", "/load", "/version",
-                  "/sleep", "/collective_rpc", "/reset_prefix_cache", "/invocations"):
+    for route in ("/scale_elastic_ep", "/docs", "/openapi.json", "/sleep", "/collective_rpc",
+                  "/reset_prefix_cache", "/invocations", "/ping", "/v1/chat/completions/batch"):
         assert f"= {route}" not in locations      # falls to location /, the operator block
     operator = locations["/"]
     assert "if ($gpuserve_minimax_operator = 403)" in operator
     assert "if ($gpuserve_minimax_operator = 401)" in operator
     conf = _conf()
-    # an operator key, or a peer in the operator networks; a client key is 403, none 401
-    assert "    ~^o 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n" in conf
+    # every other route: an operator key, whatever the peer; a client key is 403, none 401
+    assert ("map $gpuserve_minimax_key $gpuserve_minimax_operator {\n"
+            "    ~^o 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
     assert "    127.0.0.1/32 1;\n" in conf
+
+
+def test_operator_networks_read_only_the_monitoring_routes_without_a_key():
+    """A peer in proxy_operator_networks (loopback by default: every local user) may read
+    metrics, version and load, and gets no inference (/invocations) or control without a key."""
+    locations = _locations(_conf())
+    assert proxy_conf.MONITOR_ROUTES == ("= /metrics", "= /version", "= /load")
+    for loc in proxy_conf.MONITOR_ROUTES:
+        assert "if ($gpuserve_minimax_monitor = 401)" in locations[loc]
+        assert "if ($gpuserve_minimax_monitor = 403)" in locations[loc]
+        assert "_operator" not in locations[loc]
+    assert "_monitor" not in locations["/"]
+    conf = _conf()
+    # an operator key, or a peer in the operator networks; a client key is 403, none 401
+    assert ('map "$gpuserve_minimax_key:$gpuserve_minimax_opnet" $gpuserve_minimax_monitor {\n'
+            "    ~^o 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
+    # the operator networks decide nothing else
+    assert conf.count("$gpuserve_minimax_opnet") == 2
 
 
 def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():
