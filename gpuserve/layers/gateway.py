@@ -14,7 +14,6 @@ gateway by its address (docs/gateway.md, "Trust").
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from io import StringIO
 from pathlib import Path
@@ -35,7 +34,7 @@ from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings
 from gpuserve.layers.engine import uv_binary
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, shell
+from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
 
 NGINX_DIR = proxy_conf.NGINX_DIR
 
@@ -124,15 +123,15 @@ def _write_if_changed(h, path: str, content: str) -> bool:
     ok, out = shell(h, f"sha256sum {path} 2>/dev/null | cut -d' ' -f1", COMMAND_TIMEOUT_S)
     if ok and out.stdout.strip() == want:
         return True
-    b64 = base64.b64encode(content.encode()).decode()
-    ok, out = shell(h, f"mkdir -p {gw.ETC} && echo {b64} | base64 -d > {path}.tmp && chmod 644 {path}.tmp && "
-                       f"mv -f {path}.tmp {path} && (systemctl try-restart {gw.UNIT} || true)",
-                    COMMAND_TIMEOUT_S)
-    if not ok:
-        logger.error(f"    [{h.name}] writing {path} failed: {out.output[-300:]}")
-    else:
-        logger.info(f"    [{h.name}] {path} changed: smg restarted to trust it")
-    return ok
+    try:
+        run(h, f"mkdir -p {gw.ETC}")
+        put_text(h, path, content)
+        run(h, f"systemctl try-restart {gw.UNIT} || true")
+    except MoveFailed as exc:
+        logger.error(f"    [{h.name}] writing {path} failed: {exc}")
+        return False
+    logger.info(f"    [{h.name}] {path} changed: smg restarted to trust it")
+    return True
 
 
 @deploy("Gateway")
