@@ -56,9 +56,7 @@ OPERATOR_KEY = "sandbox-operator-key-0123456789ABCDEFabcdef"
 def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
     hosts = make_hosts(["hopper_x8"])
     files = tmp_path_factory.mktemp("hardening")
-    operator_keys = files / "operator-keys"
-    operator_keys.write_text(OPERATOR_KEY + "\n")
-    operator_keys.chmod(0o600)      # a key file readable by others is refused at plan time
+    operator_keys = fleet_view.operator_keys_file(files, OPERATOR_KEY)
     return {"host": hosts[0], "certs": files, "key": fleet_view.client_key(sandbox),
             # per-key limits low enough to hit (group_data/sandbox.py sets them high for the load loops)
             "data": ["--data", f"operator_keys_file={operator_keys}", "--data", "proxy_rate_per_key=10",
