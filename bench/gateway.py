@@ -83,6 +83,7 @@ MODELS = json.dumps({"object": "list", "data": [{"id": "tiny-chat", "object": "m
                                                 "owned_by": "sim"}]}).encode()
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True   # headers and body are two writes: no 40 ms delayed-ACK wait
     def _send(self, body):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
