@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
@@ -169,6 +170,37 @@ def test_engine_unit_is_confined_but_keeps_its_gpus():
     assert "IPAddressDeny" not in _unit([], loopback_only=False)   # a trusted network beyond loopback
     amd = _unit(["/dev/kfd", "char-drm"])
     assert "DeviceAllow=/dev/kfd rw\nDeviceAllow=char-drm rw\n" in amd
+
+
+def _exposure(tmp_path, name: str, text: str) -> float:
+    """systemd's own score of a unit file (`systemd-analyze security --offline`, systemd 252)."""
+    (tmp_path / name).write_text(text)
+    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", f"./{name}"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out)[1])
+
+
+def test_every_gpuserve_unit_scores_3_or_less(tmp_path):
+    """Issue 12: `systemd-analyze security` 3.0 or less for every unit gpuserve writes. The
+    engine's is checked on a converged host too (tests/integration/test_hardening.py); nginx's
+    drop-in needs Debian's unit beside it, so there only."""
+    from gpuserve import engine_guard
+    from gpuserve.config import validate_inventory
+    from gpuserve.gateway import unit as gateway_unit
+    from gpuserve.layers import watchdog
+
+    from .test_gateway import fleet as gateway_fleet
+
+    g = validate_inventory(gateway_fleet())["gw1"].gateway
+    units = {
+        "gpuserve-minimax.service": _unit(["char-nvidia-frontend", "/dev/nvidiactl"]),
+        "gpuserve-cpu.service": _unit([], loopback_only=True),
+        "gpuserve-engine-guard.service": engine_guard.unit_text(),
+        "gpuserve-watchdog@.service": watchdog.unit_text(),
+        "gpuserve-gateway.service": gateway_unit(g, "/opt/gpuserve/envs/smg-1.13.0-py3.11"),
+    }
+    scores = {name: _exposure(tmp_path, name, text) for name, text in units.items()}
+    assert all(score <= 3.0 for score in scores.values()), scores
 
 
 @pytest.mark.parametrize("bind, engine, listen, server", [
