@@ -62,6 +62,7 @@ class GatewaySettings:
     balance_rel_threshold: float
     sticky_header: str | None  # a header naming the conversation: sticky sessions by it
     health_interval_s: int
+    health_failures: int   # consecutive failed checks before smg ejects a worker (its default: 3)
     smg_version: str
     workers_ca_file: str | None   # control node; None: the serving hosts' own certificates
     addresses: tuple[str, ...]    # what the serving hosts see this gateway connect from
@@ -127,6 +128,7 @@ def smg_argv(g: GatewaySettings, venv: str) -> list[str]:
         "--balance-abs-threshold", str(g.balance_abs_threshold),
         "--balance-rel-threshold", str(g.balance_rel_threshold),
         "--health-check-interval-secs", str(g.health_interval_s),
+        "--health-failure-threshold", str(g.health_failures),
         "--discovery-check-interval-secs", "5",   # besides the reread on every change
         "--log-level", "info",
     ]

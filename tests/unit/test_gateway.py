@@ -71,6 +71,8 @@ def test_a_host_of_the_gateway_group_with_hardware_serves_and_routes():
     ("gateway_metrics_host", "0.0.0.0", "0.0.0.0 is every interface"),
     ("gateway_sticky_header", "x session", "'x session' is not a header name"),
     ("gateway_health_interval_s", 0, "0 is not allowed"),
+    ("gateway_health_failures", 0, "0 is not allowed"),
+    ("gateway_health_failures", 11, "11 is not allowed"),
     ("smg_version", 1.13, "1.13 is not a version"),
 ])
 def test_bad_gateway_settings_name_the_host_the_group_and_the_key(key, value, expect):
@@ -131,6 +133,9 @@ def test_smg_gets_no_secret_and_listens_on_loopback_only():
                    for a in argv)
     assert argv[argv.index("--routing-key-headers") + 1] == "x-session-id"
     assert argv[argv.index("--balance-abs-threshold") + 1] == "4"
+    # a dead worker leaves after one failed check (smg's default: three)
+    assert argv[argv.index("--health-check-interval-secs") + 1] == "5"
+    assert argv[argv.index("--health-failure-threshold") + 1] == "1"
     unit = gateway.unit(g, "/opt/gpuserve/gateway/smg-1.13.0-py3.12")
     assert "DynamicUser=yes" in unit and "ProtectSystem=strict" in unit
 
