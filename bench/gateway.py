@@ -10,9 +10,10 @@ side by side, in one run:
     once with the real engines, and once with every engine replaced by a stand-in that answers
     at once (sim-engine-stub, below) over kept-alive connections, so the difference is what the
     gateway's hop adds (its nginx, smg, its TLS to the host), not the engine's noise;
-  * prefix cache: C conversations x T turns, each re-sending one long shared system prompt and
-    tool definitions plus its growing history, under cache_aware and then round_robin (a fresh
-    prompt per policy, so neither reuses the other's cache): sum over hosts of
+  * prefix cache: C conversations x T turns, each re-sending a system prompt and tool
+    definitions plus its growing history, under cache_aware and then round_robin (a fresh prompt
+    per policy, so neither reuses the other's cache), once with one system prompt shared by every
+    conversation and once with a system prompt of each conversation's own: sum over hosts of
     vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total (deltas), and median TTFT;
   * kill -9 of one engine under a client loop: seconds until the gateway lists it unhealthy,
     failed requests;
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import ssl
 import statistics
 import sys
@@ -207,29 +209,44 @@ class Loop:
             t.join(180)
 
 
-def conversations(url, ctx, key, n_conv: int, turns: int, tag: str) -> list[float]:
-    """n_conv agent-style conversations, turn by turn, round-robin between them; the TTFTs."""
-    # the sandbox's tiny model reads about one token per character, at most 2048: a short "long"
-    # prompt (about 700 characters with the tools), a short history
-    system = (f"[{tag}] You are a careful operations agent for a GPU fleet. " +
-              " ".join(f"Rule {i}: check health first." for i in range(12)))
-    tools = [{"type": "function", "function": {
+N_CONV, TURNS = 8, 6
+
+
+def conversations(url, ctx, key, tag: str, shared: bool) -> list[float]:
+    """N_CONV agent-style conversations of TURNS turns; the TTFTs. Each request re-sends the
+    system prompt and tool definitions plus the conversation's history so far. ``shared``: one
+    system prompt for every conversation (one agent, many users); otherwise each conversation
+    has its own (its agent, tenant or task at the top). The conversations take turns in a
+    shuffled order each round (seeded, the same for every policy): in lockstep, 8 conversations
+    over 4 hosts would make round_robin send each to the same host every turn."""
+    # the sandbox's tiny model reads about one token per character, at most 2048: a prefix of
+    # about 450 characters, 160 more a turn, about 1500 at the last turn
+    tools = json.dumps([{"type": "function", "function": {
         "name": f"tool_{i}", "description": f"Operation {i} on a host.",
         "parameters": {"type": "object", "properties": {"host": {"type": "string"}}}}}
-        for i in range(2)]
-    tool_text = json.dumps(tools)
-    histories = [[{"role": "system", "content": system + "\nTools: " + tool_text}] for _ in range(n_conv)]
+        for i in range(2)])
+
+    def system(c: int) -> str:
+        who = tag if shared else f"{tag} conversation {c}"
+        return (f"[{who}] You are a careful operations agent for a GPU fleet. " +
+                " ".join(f"Rule {i}: check health first." for i in range(6)) + "\nTools: " + tools)
+
+    histories = [[{"role": "system", "content": system(c)}] for c in range(N_CONV)]
     ttfts = []
-    for turn in range(turns):
-        for c in range(n_conv):
-            histories[c].append({"role": "user", "content": f"C{c} T{turn}: check node-{c:03d}."})
+    order = list(range(N_CONV))
+    for turn in range(TURNS):
+        random.Random(turn).shuffle(order)
+        for c in order:
+            histories[c].append({"role": "user", "content": f"C{c} T{turn}: check node-{c:03d} and "
+                                                            f"report its GPU temperatures, please."})
             status, first, _ = request(url, ctx, key, {
                 "model": MODEL, "max_tokens": 8, "stream": True, "messages": histories[c]})
             if status == 200:
                 ttfts.append(first)
             else:
                 print(f"  conversation {c} turn {turn}: HTTP {status}", flush=True)
-            histories[c].append({"role": "assistant", "content": "ok"})
+            histories[c].append({"role": "assistant", "content": f"node-{c:03d}: all 8 GPUs between "
+                                                                 f"41 and 47 C, no throttling seen."})
     return ttfts
 
 
@@ -316,29 +333,34 @@ def main() -> None:
             stub_engines(f, serving, on=False)
         assert wait_all_healthy(f, gw, serving, bound_s=600), states(f, gw)
 
-        # --- prefix cache: cache_aware vs round_robin ----------------------------------------------
+        # --- prefix cache: cache_aware vs round_robin, one shared prompt / one per conversation ---
         rows = []
         results = {}
+        requests_n = N_CONV * TURNS
         for policy in ("cache_aware", "round_robin"):
             set_policy(f, gw, policy, serving)
-            before = [metrics(f, x) for x in serving]
-            ttfts = conversations(gw_url, gw_ctx, key, n_conv=8, turns=4, tag=uuid.uuid4().hex)
-            after = [metrics(f, x) for x in serving]
-            hits = sum(a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
-                       for a, b in zip(after, before))
-            queries = sum(a["vllm:prefix_cache_queries_total"] - b["vllm:prefix_cache_queries_total"]
-                          for a, b in zip(after, before))
-            results[policy] = (hits / queries if queries else 0.0,
-                               statistics.median(ttfts) if ttfts else float("nan"), len(ttfts))
-            rows.append((f"{policy}: hit ratio (hits / queries, tokens)", f"{results[policy][0]:.3f}",
-                         f"{hits:.0f} / {queries:.0f}"))
-            rows.append((f"{policy}: median TTFT", f"{results[policy][1] * 1000:.0f} ms",
-                         f"{results[policy][2]}/32 ok"))
-        ca, rr = results["cache_aware"], results["round_robin"]
-        rows.append(("hit ratio cache_aware / round_robin", f"{ca[0] / rr[0]:.2f}" if rr[0] else "inf",
-                     "target >= 1.5"))
-        rows.append(("median TTFT cache_aware / round_robin", f"{ca[1] / rr[1]:.2f}", "target < 1"))
-        table(f"Prefix cache, 8 conversations x 4 turns over {len(serving)} hosts", rows)
+            for shared in (True, False):
+                before = [metrics(f, x) for x in serving]
+                ttfts = conversations(gw_url, gw_ctx, key, tag=uuid.uuid4().hex, shared=shared)
+                after = [metrics(f, x) for x in serving]
+                hits = sum(a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
+                           for a, b in zip(after, before))
+                queries = sum(a["vllm:prefix_cache_queries_total"] - b["vllm:prefix_cache_queries_total"]
+                              for a, b in zip(after, before))
+                kind = "shared prompt" if shared else "own prompts"
+                results[policy, shared] = (hits / queries if queries else 0.0,
+                                           statistics.median(ttfts) if ttfts else float("nan"))
+                rows.append((f"{policy}, {kind}: hit ratio (hits / queries, tokens)",
+                             f"{results[policy, shared][0]:.3f}", f"{hits:.0f} / {queries:.0f}"))
+                rows.append((f"{policy}, {kind}: median TTFT", f"{results[policy, shared][1] * 1000:.0f} ms",
+                             f"{len(ttfts)}/{requests_n} ok"))
+        for shared, kind in ((True, "shared prompt"), (False, "own prompts")):
+            ca, rr = results["cache_aware", shared], results["round_robin", shared]
+            rows.append((f"{kind}: hit ratio cache_aware / round_robin",
+                         f"{ca[0] / rr[0]:.2f}" if rr[0] else "inf", "target >= 1.5"))
+            rows.append((f"{kind}: median TTFT cache_aware / round_robin", f"{ca[1] / rr[1]:.2f}",
+                         "target < 1"))
+        table(f"Prefix cache, {N_CONV} conversations x {TURNS} turns over {len(serving)} hosts", rows)
         set_policy(f, gw, "cache_aware", serving)
 
         # --- kill -9 of one engine under load -------------------------------------------------------
