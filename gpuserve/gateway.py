@@ -9,8 +9,8 @@ the host's nginx:
            --loopback, the engine's own key--> the engine
 
     /opt/gpuserve/gateway/smg-<version>-py<python>/   the venv (uv, like the engines)
-    /etc/gpuserve/gateway/workers.json                 the worker file smg watches (this module)
-    /etc/gpuserve/gateway/workers-ca.pem               what smg trusts on the serving hosts
+    /etc/gpuserve-gateway/workers.json                 the worker file smg watches (this module)
+    /etc/gpuserve-gateway/workers-ca.pem               what smg trusts on the serving hosts
 
 smg gets no secret at all: nginx checks the client keys and strips them before smg, and the
 serving hosts' nginx trusts the gateway by its address (``gateway_addresses``).
@@ -32,7 +32,10 @@ GATEWAY_GROUP = "gateway"
 SMG_PACKAGE = "smg"
 SMG_VERSION = "1.13.0"   # the version evaluated in issue 14
 UNIT = "gpuserve-gateway.service"
-ETC = f"{layout.ETC_DIR}/gateway"
+# beside /etc/gpuserve, not in it: on a host that also serves, /etc/gpuserve is root:gpuserve
+# 0750, and smg (a dynamic user) could not read its CA file there, so it never started
+ETC = f"{layout.ETC_DIR}-gateway"
+OLD_ETC = f"{layout.ETC_DIR}/gateway"   # their old place (CHANGELOG, Unreleased): a converge removes it
 WORKERS_FILE = f"{ETC}/workers.json"
 WORKERS_CA = f"{ETC}/workers-ca.pem"
 ENVS = f"{layout.OPT_DIR}/gateway"
