@@ -209,18 +209,23 @@ class Loop:
             t.join(180)
 
 
-N_CONV, TURNS = 8, 6
+N_CONV = 8
+# (label, shared system prompt?, its rules, turns). The tiny model's context is 2048 tokens (about
+# one a character): "long" keeps the prefix short to fit 9 turns, so that, as in a long agent
+# loop, the history outgrows the system prompt
+WORKLOADS = (("shared prompt, 6 turns", True, 6, 6), ("shared prompt, 9 turns", True, 1, 9),
+             ("own prompts, 6 turns", False, 6, 6))
 
 
-def conversations(url, ctx, key, tag: str, shared: bool) -> list[float]:
-    """N_CONV agent-style conversations of TURNS turns; the TTFTs. Each request re-sends the
+def conversations(url, ctx, key, tag: str, shared: bool, rules: int, turns: int) -> list[float]:
+    """N_CONV agent-style conversations of ``turns`` turns; the TTFTs. Each request re-sends the
     system prompt and tool definitions plus the conversation's history so far. ``shared``: one
     system prompt for every conversation (one agent, many users); otherwise each conversation
     has its own (its agent, tenant or task at the top). The conversations take turns in a
     shuffled order each round (seeded, the same for every policy): in lockstep, 8 conversations
     over 4 hosts would make round_robin send each to the same host every turn."""
     # the sandbox's tiny model reads about one token per character, at most 2048: a prefix of
-    # about 450 characters, 160 more a turn, about 1500 at the last turn
+    # about 480 characters with 1 rule, 620 with 6, and 125 more a turn
     tools = json.dumps([{"type": "function", "function": {
         "name": f"tool_{i}", "description": f"Operation {i} on a host.",
         "parameters": {"type": "object", "properties": {"host": {"type": "string"}}}}}
@@ -229,12 +234,12 @@ def conversations(url, ctx, key, tag: str, shared: bool) -> list[float]:
     def system(c: int) -> str:
         who = tag if shared else f"{tag} conversation {c}"
         return (f"[{who}] You are a careful operations agent for a GPU fleet. " +
-                " ".join(f"Rule {i}: check health first." for i in range(6)) + "\nTools: " + tools)
+                " ".join(f"Rule {i}: check health first." for i in range(rules)) + "\nTools: " + tools)
 
     histories = [[{"role": "system", "content": system(c)}] for c in range(N_CONV)]
     ttfts = []
     order = list(range(N_CONV))
-    for turn in range(TURNS):
+    for turn in range(turns):
         random.Random(turn).shuffle(order)
         for c in order:
             histories[c].append({"role": "user", "content": f"C{c} T{turn}: check node-{c:03d} and "
@@ -336,31 +341,30 @@ def main() -> None:
         # --- prefix cache: cache_aware vs round_robin, one shared prompt / one per conversation ---
         rows = []
         results = {}
-        requests_n = N_CONV * TURNS
         for policy in ("cache_aware", "round_robin"):
             set_policy(f, gw, policy, serving)
-            for shared in (True, False):
+            for kind, shared, rules, turns in WORKLOADS:
                 before = [metrics(f, x) for x in serving]
-                ttfts = conversations(gw_url, gw_ctx, key, tag=uuid.uuid4().hex, shared=shared)
+                ttfts = conversations(gw_url, gw_ctx, key, tag=uuid.uuid4().hex, shared=shared,
+                                      rules=rules, turns=turns)
                 after = [metrics(f, x) for x in serving]
                 hits = sum(a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
                            for a, b in zip(after, before))
                 queries = sum(a["vllm:prefix_cache_queries_total"] - b["vllm:prefix_cache_queries_total"]
                               for a, b in zip(after, before))
-                kind = "shared prompt" if shared else "own prompts"
-                results[policy, shared] = (hits / queries if queries else 0.0,
-                                           statistics.median(ttfts) if ttfts else float("nan"))
+                results[policy, kind] = (hits / queries if queries else 0.0,
+                                         statistics.median(ttfts) if ttfts else float("nan"))
                 rows.append((f"{policy}, {kind}: hit ratio (hits / queries, tokens)",
-                             f"{results[policy, shared][0]:.3f}", f"{hits:.0f} / {queries:.0f}"))
-                rows.append((f"{policy}, {kind}: median TTFT", f"{results[policy, shared][1] * 1000:.0f} ms",
-                             f"{len(ttfts)}/{requests_n} ok"))
-        for shared, kind in ((True, "shared prompt"), (False, "own prompts")):
-            ca, rr = results["cache_aware", shared], results["round_robin", shared]
+                             f"{results[policy, kind][0]:.3f}", f"{hits:.0f} / {queries:.0f}"))
+                rows.append((f"{policy}, {kind}: median TTFT", f"{results[policy, kind][1] * 1000:.0f} ms",
+                             f"{len(ttfts)}/{N_CONV * turns} ok"))
+        for kind, *_ in WORKLOADS:
+            ca, rr = results["cache_aware", kind], results["round_robin", kind]
             rows.append((f"{kind}: hit ratio cache_aware / round_robin",
                          f"{ca[0] / rr[0]:.2f}" if rr[0] else "inf", "target >= 1.5"))
             rows.append((f"{kind}: median TTFT cache_aware / round_robin", f"{ca[1] / rr[1]:.2f}",
                          "target < 1"))
-        table(f"Prefix cache, {N_CONV} conversations x {TURNS} turns over {len(serving)} hosts", rows)
+        table(f"Prefix cache, {N_CONV} conversations over {len(serving)} hosts", rows)
         set_policy(f, gw, "cache_aware", serving)
 
         # --- kill -9 of one engine under load -------------------------------------------------------
