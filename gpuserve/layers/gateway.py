@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 from io import StringIO
+
+import gevent.lock
 from pathlib import Path
 
 from pyinfra import host, logger
@@ -88,7 +90,7 @@ def _serving_certificates(state, host) -> bool:
                          "converge it first (deploys/serve.py)")
             return False
         pems.append(_ca_entry(h.name, out.stdout))
-    return _write_if_changed(host, gw.WORKERS_CA, "".join(pems))
+    return _write_if_changed(host, gw.WORKERS_CA, "".join(pems), mine.smg_port)
 
 
 def _ca_entry(name: str, pem: str) -> str:
@@ -119,9 +121,26 @@ def _workers_ca_current(state) -> bool:
             and info.get("mode") == 644)   # smg, a dynamic user, reads it
 
 
-def _write_if_changed(h, path: str, content: str) -> bool:
+SMG_READY_S = 60
+
+
+def smg_ready_command(port: int, seconds: int = SMG_READY_S) -> str:
+    """Exit 0 once smg's /liveness answers 200 on loopback; else print smg's last journal lines
+    and exit 1."""
+    return (f"for i in $(seq {seconds}); do "
+            f"curl -fsS -m 2 -o /dev/null http://127.0.0.1:{port}/liveness && exit 0; sleep 1; done; "
+            f"echo 'smg did not answer on 127.0.0.1:{port} within {seconds} s; its journal:' >&2; "
+            f"journalctl -u {gw.UNIT} -n 15 --no-pager -o cat >&2; exit 1")
+
+
+# the gateways restart smg one at a time when their CA file changes (a serving host joined or got
+# a new certificate), each waiting for its smg to answer: the fleet keeps its other gateways
+_ONE_RESTART_AT_A_TIME = gevent.lock.Semaphore()
+
+
+def _write_if_changed(h, path: str, content: str, smg_port: int) -> bool:
     """A public file (never a secret) written atomically, 0644, when its content or mode differs;
-    restarts smg when it changed, so it trusts the new certificates."""
+    restarts a running smg when it changed, so it trusts the new certificates, and waits for it."""
     want = f"{hashlib.sha256(content.encode()).hexdigest()} 644"
     ok, out = shell(h, f"echo $(sha256sum {path} 2>/dev/null | cut -d' ' -f1) $(stat -c %a {path} 2>/dev/null)",
                     COMMAND_TIMEOUT_S)
@@ -130,11 +149,13 @@ def _write_if_changed(h, path: str, content: str) -> bool:
     try:
         run(h, f"mkdir -p {gw.ETC}")
         put_text(h, path, content)
-        run(h, f"systemctl try-restart {gw.UNIT} || true")
+        with _ONE_RESTART_AT_A_TIME:
+            run(h, f"if systemctl is-active -q {gw.UNIT}; then systemctl restart {gw.UNIT} && "
+                   f"{{ {smg_ready_command(smg_port)}; }}; fi", COMMAND_TIMEOUT_S + SMG_READY_S)
     except MoveFailed as exc:
         logger.error(f"    [{h.name}] writing {path} failed: {exc}")
         return False
-    logger.info(f"    [{h.name}] {path} changed: smg restarted to trust it")
+    logger.info(f"    [{h.name}] {path} changed: a running smg restarted to trust it")
     return True
 
 
@@ -201,18 +222,6 @@ def gateway(settings: HostSettings) -> None:
                  commands=[smg_ready_command(g.smg_port)], _if=any_changed(running, restart))
     del manifest   # smg rereads the worker file by itself
     _front(settings)
-
-
-SMG_READY_S = 60
-
-
-def smg_ready_command(port: int, seconds: int = SMG_READY_S) -> str:
-    """Exit 0 once smg's /liveness answers 200 on loopback; else print smg's last journal lines
-    and exit 1."""
-    return (f"for i in $(seq {seconds}); do "
-            f"curl -fsS -m 2 -o /dev/null http://127.0.0.1:{port}/liveness && exit 0; sleep 1; done; "
-            f"echo 'smg did not answer on 127.0.0.1:{port} within {seconds} s; its journal:' >&2; "
-            f"journalctl -u {gw.UNIT} -n 15 --no-pager -o cat >&2; exit 1")
 
 
 def _front(settings: HostSettings) -> None:
