@@ -10,6 +10,11 @@
     start     every engine, each through its readiness gate
     in        back into rotation
 
+The same move has a second reason: an OS update (gpuserve.patch.PatchMove, deploys/patch.py),
+whose change is `apt-get upgrade` within the holds and whose reboot happens only when a new
+kernel was installed, after its GPU driver module (DKMS) was found built for it; it records no
+stack. docs/patching.md.
+
 Every decision reads the host's facts fresh at that moment (gpuserve.layers.remote.fact), with
 the same code the GPU-stack layer uses in a converge (gpuserve.layers.gpu_ops). A failure before
 the change puts the host back into rotation on its old stack; a failure after it leaves the host

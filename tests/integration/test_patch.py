@@ -80,7 +80,8 @@ def test_a_new_kernel_is_drained_updated_rebooted_verified_gated_and_back_in(hos
     out = run.output
     after = _view(sandbox, host)
     assert after["kernel"] == K41 and after["boot"] != before["boot"], after
-    assert not after["drained"] and after["pid"] not in ("0", before["pid"]) and after["driver"] == "580.95.05"
+    # serving again (a PID after a reboot may repeat the one before: the boot id tells the reboot)
+    assert not after["drained"] and after["pid"] != "0" and after["driver"] == "580.95.05"
     # the held GPU stack: still held, at the very same versions
     assert after["versions"] == before["versions"] and set(HELD) <= after["held"], (before, after)
     # out of rotation and drained before the update, the update before the reboot, gated before in
