@@ -314,6 +314,8 @@ class Sandbox:
             # a bind over /proc takes its source from inside the container: bind the dir in first
             f"--bind-ro={hdir / 'sim'}:/run/gpuserve-sim-host",
             "--bind-ro=/run/gpuserve-sim-host/proc-driver:/proc/driver",
+            # the simulated running kernel (gpuserve_sandbox.simgpu.on_boot; deploys/patch.py)
+            "--bind-ro=/run/gpuserve-sim-host/osrelease:/proc/sys/kernel/osrelease",
         ]
         if lxcfs is not None:
             args += [f"--bind-ro={lxcfs}:/run/lxcfs", "--bind-ro=/run/lxcfs/proc/uptime:/proc/uptime"]

@@ -15,6 +15,9 @@ Inside a host (all paths say "gpuserve-sim"):
                                              like a real driver that needs a reboot; for AMD
                                              hosts /proc/driver/gpuserve-sim-amdgpu/version
                                              (read by the stand-in amd-smi only)
+    /proc/sys/kernel/osrelease               bound read-only from <host dir>/sim/osrelease,
+                                             written at every boot: the newest stand-in kernel
+                                             installed (deploys/patch.py), else this machine's
 
 The stand-in packages that install the "drivers" come from gpuserve_sandbox.standin_repo.
 """
@@ -219,10 +222,32 @@ NVIDIA_VERSION_TEXT = (
 )
 
 
+OSRELEASE_FILE = "osrelease"   # beside proc-driver; bound over the host's /proc/sys/kernel/osrelease
+
+
+def booted_kernel(root: Path) -> str | None:
+    """The stand-in kernel a host boots (gpuserve_sandbox.standin_repo, "kernels"): the newest
+    /boot/vmlinuz-* of its root, as GRUB would; None when none is installed."""
+    from gpuserve.patch import newest
+    return newest(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*"))
+
+
+def module_built_for(root: Path, kernel: str) -> bool:
+    """Whether the stand-in DKMS built the NVIDIA module for ``kernel`` (the link real DKMS makes)."""
+    return (root / f"var/lib/dkms/nvidia/kernel-{kernel}-x86_64").is_symlink()
+
+
 def on_boot(root: Path, proc_driver: Path) -> None:
-    """Rebuild /proc/driver for a boot: load the kernel module that is installed right now."""
+    """Rebuild /proc/driver for a boot: load the kernel module that is installed right now. With a
+    stand-in kernel installed, the host "runs" the newest one (its release is written to the file
+    bound over /proc/sys/kernel/osrelease), and the NVIDIA module loads only if it was built for
+    that kernel, as on a real host; without one it runs this machine's kernel."""
+    import os
+
     shutil.rmtree(proc_driver, ignore_errors=True)
     proc_driver.mkdir(parents=True)
+    kernel = booted_kernel(root)
+    (proc_driver.parent / OSRELEASE_FILE).write_text((kernel or os.uname().release) + "\n")
     # persistence mode does not survive a module reload (nvidia-persistenced sets it again)
     (root / STATE_DIR / "persistence-mode").unlink(missing_ok=True)
     # transient faults end with the boot; persistent ones are the hardware's and stay
@@ -240,6 +265,8 @@ def on_boot(root: Path, proc_driver: Path) -> None:
     module = root / NVIDIA_MODULE_VERSION_FILE
     if hw["vendor"] != "nvidia" or not module.is_file():
         return
+    if kernel is not None and not module_built_for(root, kernel):
+        return   # no module for the kernel it booted: no driver, as on a real host
     version = module.read_text().strip()
     nv = proc_driver / "nvidia"
     (nv / "gpus").mkdir(parents=True)

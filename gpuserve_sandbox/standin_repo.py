@@ -167,9 +167,12 @@ def nvidia_driver_debs(version: str, libcuda: bytes) -> list[Deb]:
 
     def kernel(name: str, other: str, what: str) -> Deb:
         return Deb(name, full, f"the NVIDIA {what} kernel module sources (DKMS)", conflicts=[other],
-                   files={f"/usr/share/doc/{name}/gpuserve-sandbox": f"stand-in kernel module {v}\n"},
-                   scripts={"postinst": f"mkdir -p {SIM_STATE}\n" + module_state[0],
-                            "postrm": f'if [ "$1" = remove ] || [ "$1" = purge ]; then {module_state[1].strip()}; fi\n'})
+                   files={f"/usr/share/doc/{name}/gpuserve-sandbox": f"stand-in kernel module {v}\n",
+                          **sim_dkms_files(v)},
+                   executables=set(sim_dkms_files(v)),
+                   scripts={"postinst": f"mkdir -p {SIM_STATE}\n" + module_state[0] + SIM_DKMS_POSTINST,
+                            "postrm": f'if [ "$1" = remove ] || [ "$1" = purge ]; then {module_state[1].strip()}; '
+                                      f"{SIM_DKMS_REMOVE}; fi\n"})
 
     fm_pid = "/run/nvidia-fabricmanager/nv-fabricmanager.pid"
     pd_pid = "/run/nvidia-persistenced/nvidia-persistenced.pid"
@@ -260,6 +263,124 @@ def rocm_debs(release: str) -> tuple[list[Deb], list[Deb]]:
     return amdgpu, rocm
 
 
+# --- kernels (deploys/patch.py) ------------------------------------------------------------------
+# Stand-ins of Debian's kernel packages, flavour "gpuserve-sim": linux-image-<abi>-gpuserve-sim
+# (a /boot/vmlinuz-<release> that nothing boots: sandbox hosts share this machine's kernel),
+# linux-headers-<abi>-gpuserve-sim (what DKMS needs to build a module for that kernel) and the
+# metapackages linux-image-gpuserve-sim / linux-headers-gpuserve-sim that follow the newest ABI,
+# as linux-image-amd64 does. A sandbox host "runs" the newest stand-in kernel installed when it
+# booted: gpuserve_sandbox.simgpu.on_boot writes that release into the file bound over the host's
+# /proc/sys/kernel/osrelease, and loads the stand-in NVIDIA module only if the stand-in DKMS below
+# built it for that kernel. Served as a stand-in of the Debian security archive; kernels are
+# published one at a time (publish_kernel), as the archive publishes them.
+KERNEL_FLAVOUR = "gpuserve-sim"
+KERNELS = (("6.1.0-40", "6.1.153-1"), ("6.1.0-41", "6.1.158-1"), ("6.1.0-42", "6.1.162-1"))
+KERNEL_REPO = "debian-security-sim"
+KERNEL_SOURCE = "/etc/apt/sources.list.d/gpuserve-sim-debian-security.list"
+DKMS_BUILD = "/usr/lib/gpuserve-sim/dkms-build"
+DKMS_HOOKS = ("/etc/kernel/postinst.d/gpuserve-sim-dkms", "/etc/kernel/header_postinst.d/gpuserve-sim-dkms")
+
+
+def kernel_release(abi: str) -> str:
+    return f"{abi}-{KERNEL_FLAVOUR}"
+
+
+def sim_dkms_files(version: str) -> dict[str, str]:
+    """The stand-in of DKMS that the stand-in NVIDIA module packages carry: `dkms-build <release>`
+    "builds" the module for a kernel whose headers are installed (the link
+    /lib/modules/<release>/build), recording it where real DKMS does (/var/lib/dkms/nvidia/
+    kernel-<release>-x86_64 -> <version>/<release>/x86_64); without headers it says what real
+    DKMS says and builds nothing. Kernel and headers packages call it through the hooks."""
+    build = f"""#!/bin/sh
+# gpuserve sandbox stand-in of `dkms autoinstall -k RELEASE` for the NVIDIA module {version}
+K=$1; V={version}
+[ -e /boot/vmlinuz-$K ] || exit 0
+if [ ! -e /lib/modules/$K/build ]; then
+  echo "Error! Your kernel headers for kernel $K cannot be found at /lib/modules/$K/build or /lib/modules/$K/source. (gpuserve sandbox stand-in of DKMS)" >&2
+  echo "dkms: WARNING: Linux headers are missing, which may explain the above failures. please install the linux-headers-$K package to fix this" >&2
+  exit 0
+fi
+d=/var/lib/dkms/nvidia/$V/$K/x86_64/module
+mkdir -p $d /lib/modules/$K/updates/dkms
+echo "gpuserve sandbox stand-in of nvidia.ko $V for $K" > $d/nvidia.ko
+cp $d/nvidia.ko /lib/modules/$K/updates/dkms/nvidia.ko
+ln -sfn $V/$K/x86_64 /var/lib/dkms/nvidia/kernel-$K-x86_64
+echo "nvidia/$V, $K, x86_64: installed (gpuserve sandbox stand-in)"
+"""
+    hook = f'#!/bin/sh\n# gpuserve sandbox stand-in of the dkms kernel hook\nexec {DKMS_BUILD} "$1"\n'
+    return {DKMS_BUILD: build, **{h: hook for h in DKMS_HOOKS}}
+
+
+# on (re)install: the old version's builds go, every installed stand-in kernel gets this one
+SIM_DKMS_POSTINST = (f"rm -rf /var/lib/dkms/nvidia /lib/modules/*/updates/dkms/nvidia.ko\n"
+                     f"for f in /boot/vmlinuz-*; do [ -e \"$f\" ] && {DKMS_BUILD} \"${{f#/boot/vmlinuz-}}\"; done; true\n")
+SIM_DKMS_REMOVE = "rm -rf /var/lib/dkms/nvidia /lib/modules/*/updates/dkms/nvidia.ko"
+
+
+def kernel_debs(abi: str, version: str) -> list[Deb]:
+    """One kernel ABI: image, headers and the two metapackages at its version."""
+    rel = kernel_release(abi)
+    hook = f'for h in /etc/kernel/{{d}}/gpuserve-sim-*; do [ -x "$h" ] && "$h" {rel} /boot/vmlinuz-{rel}; done; true\n'
+    return [
+        Deb(f"linux-image-{rel}", version, f"the Linux kernel {rel} image (simulated: nothing boots it)",
+            files={f"/boot/vmlinuz-{rel}": f"gpuserve sandbox stand-in kernel {rel}\n",
+                   f"/lib/modules/{rel}/modules.order": ""},
+            scripts={"postinst": hook.format(d="postinst.d"),
+                     "postrm": f'if [ "$1" = remove ] || [ "$1" = purge ]; then '
+                               f"rm -rf /lib/modules/{rel}/updates /var/lib/dkms/*/kernel-{rel}-*; fi\n"}),
+        Deb(f"linux-headers-{rel}", version, f"the Linux kernel {rel} headers (simulated)",
+            files={f"/usr/src/linux-headers-{rel}/Makefile": f"# gpuserve sandbox stand-in headers {rel}\n"},
+            links={f"/lib/modules/{rel}/build": f"/usr/src/linux-headers-{rel}"},
+            scripts={"postinst": hook.format(d="header_postinst.d")}),
+        Deb(f"linux-image-{KERNEL_FLAVOUR}", version, "the newest Linux kernel image (simulated, metapackage)",
+            depends=[f"linux-image-{rel} (= {version})"]),
+        Deb(f"linux-headers-{KERNEL_FLAVOUR}", version, "the newest Linux kernel headers (simulated, metapackage)",
+            depends=[f"linux-headers-{rel} (= {version})"]),
+    ]
+
+
+def kernel_source(instance: int | None = None) -> tuple[str, str]:
+    """The apt source line of the stand-in security archive for a sandbox host: path, content.
+    Signed with the stand-in key that cuda-keyring installs (the GPU stack converge puts it there)."""
+    url = f"http://{network.bridge_ip(_instance(instance))}:{PORT}/{KERNEL_REPO}"
+    return KERNEL_SOURCE, f"deb [signed-by={stack.CUDA_KEYRING}] {url}/ /\n"
+
+
+def publish_kernel(state_dir: Path, root: Path, abi: str) -> str:
+    """Publish the stand-in kernel ``abi`` (and those before it) in the instance's stand-in
+    security archive, as a distribution publishes a kernel security update. Returns its release."""
+    abis = [a for a, _ in KERNELS]
+    if abi not in abis:
+        raise SandboxError(f"no stand-in kernel {abi}; known: {', '.join(abis)}")
+    base = state_dir / "standin-repo"
+    pool, repo = base / "kernels", base / "www" / KERNEL_REPO
+    gnupg = root / "standin-gnupg"
+    with file_lock(gnupg.parent / "standin-gnupg.lock"):
+        shutil.rmtree(repo, ignore_errors=True)
+        repo.mkdir(parents=True)
+        for a, _ in KERNELS[:abis.index(abi) + 1]:
+            for deb in pool.glob(f"*{kernel_release(a)}_*.deb"):
+                shutil.copy(deb, repo)
+        for a, version in KERNELS[:abis.index(abi) + 1]:
+            for meta in (f"linux-image-{KERNEL_FLAVOUR}", f"linux-headers-{KERNEL_FLAVOUR}"):
+                shutil.copy(pool / f"{meta}_{version}_amd64.deb", repo)
+        try:
+            _write_index(repo, ".", repo, repo, {
+                "Origin": "Debian", "Label": "gpuserve sandbox stand-in of the Debian security archive "
+                "(kernels)", "Architectures": "amd64"}, gnupg)
+        finally:
+            run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], check=False)
+    return kernel_release(abi)
+
+
+def _build_kernels(pool: Path, work: Path) -> None:
+    shutil.rmtree(pool, ignore_errors=True)
+    pool.mkdir(parents=True)
+    for abi, version in KERNELS:
+        for deb in kernel_debs(abi, version):
+            build_deb(deb, pool, work)
+
+
 # --- repositories -------------------------------------------------------------------------------
 def _sign(gnupg: Path, release: Path) -> None:
     base = ["gpg", "--homedir", str(gnupg), "--batch", "--yes"]
@@ -329,6 +450,7 @@ def _build(www: Path, gnupg: Path, cuda_url: str, rocm_url: str) -> None:
         (radeon / "rocm").mkdir(parents=True)
         (radeon / "rocm/rocm.gpg.key").write_bytes(
             run(["gpg", "--homedir", str(gnupg), "--batch", "--armor", "--export"], text=False).stdout)
+        _build_kernels(www.parent / "kernels", work)
         for release in ROCM_RELEASES:
             for repo, debs in zip((radeon / "amdgpu" / release / "ubuntu", radeon / "rocm/apt" / release),
                                   rocm_debs(release)):
@@ -351,7 +473,7 @@ def _inputs_stamp(*urls: str) -> str:
     h = hashlib.sha256()
     for path in [Path(__file__), Path(stack.__file__), *sorted(STANDIN.iterdir())]:
         h.update(path.read_bytes())
-    h.update(repr((NVIDIA_DRIVERS, ROCM_RELEASES, urls)).encode())
+    h.update(repr((NVIDIA_DRIVERS, ROCM_RELEASES, KERNELS, urls)).encode())
     return h.hexdigest()
 
 

@@ -10,6 +10,11 @@
     start     every engine, each through its readiness gate
     in        back into rotation
 
+The same move has a second reason: an OS update (gpuserve.patch.PatchMove, deploys/patch.py),
+whose change is `apt-get upgrade` within the holds and whose reboot happens only when a new
+kernel was installed, after its GPU driver module (DKMS) was found built for it; it records no
+stack. docs/patching.md.
+
 Every decision reads the host's facts fresh at that moment (gpuserve.layers.remote.fact), with
 the same code the GPU-stack layer uses in a converge (gpuserve.layers.gpu_ops). A failure before
 the change puts the host back into rotation on its old stack; a failure after it leaves the host
@@ -25,11 +30,13 @@ import time
 import gevent
 from pyinfra import logger
 
-from gpuserve import admission, rollout, stack
+from gpuserve import admission, patch, rollout, stack
 from gpuserve.config import HostSettings
+from gpuserve.facts.kernel import HeldVersions, KernelState
 from gpuserve.layers import gpu_ops, remote, rotation
 from gpuserve.layers.gate import gate
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
+from gpuserve.patch import PatchMove
 from gpuserve.rollout import StackMove
 
 APT_TIMEOUT_S = 1800    # apt-get install of a driver set (DKMS builds the module)
@@ -62,9 +69,9 @@ def source_commands(t: stack.StackSettings, os: str, deb_arch: str) -> list[str]
 
 
 def move_stack(h, move: StackMove, s: HostSettings) -> None:
-    """Raises MoveFailed naming the host and the step when the move cannot finish."""
+    """Raises MoveFailed naming the host and the step when the move cannot finish. A PatchMove
+    (deploys/patch.py) is the same move with the OS update as its change."""
     t = target_settings(s, move)
-    target = stack.target(t, move.os)
     get = lambda cls, **kw: remote.fact(h, cls, **kw)   # noqa: E731 - a fresh read every time
     t0 = time.monotonic()
     logger.info(f"    [{h.name}] {move}: out of rotation")
@@ -74,6 +81,11 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
         rotation.wait_drained(h, s, dep)
     for dep in move.deployments:
         run(h, rollout.stop(dep), timeout=s.deployment(dep).shutdown_timeout_s + COMMAND_TIMEOUT_S)
+    if isinstance(move, PatchMove):
+        _patch(h, move, s, t, get)
+        _verify_start_gate_in(h, move, s, t, get, t0, "the OS update", record=False)
+        return
+    target = stack.target(t, move.os)
 
     resuming = shell(h, f"test -e {stack.STACK_MOVING}", COMMAND_TIMEOUT_S)[0]
     try:
@@ -111,22 +123,32 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
         if not t.reboot_allowed:
             _stays_out(h, move, "reboot", stack.reboot_refused_message(h.name, "the driver", installed, loaded))
         _reboot(h, t)
-    if t.vendor == "nvidia":
+    _verify_start_gate_in(h, move, s, t, get, t0, target.label, record=True)
+
+
+def _verify_start_gate_in(h, move: StackMove, s: HostSettings, t: stack.StackSettings, get, t0: float,
+                          label: str, record: bool) -> None:
+    """verify -> admission -> (record) -> start -> gate -> in: the end of every host move."""
+    vendor = t.vendor if t.enabled else None   # gpu_stack: False: the drivers are managed elsewhere
+    if vendor == "nvidia":
         units = stack.nvidia_units(t)
         run(h, f"systemctl enable --now {' '.join(u + '.service' for u in units)}", timeout=300)
         problems = gpu_ops.nvidia_problems(t, get)
-    else:
+    elif vendor == "amd":
         problems = gpu_ops.amd_problems(t, get)
+    else:   # a host without GPUs (only an OS update moves one)
+        problems = []
     if problems:
         _stays_out(h, move, "verify", "; ".join(problems))
-    findings = gpu_ops.admission_findings(t, get) if t.admission.enabled else []
+    findings = gpu_ops.admission_findings(t, get) if vendor and t.admission.enabled else []
     if admission.failures(findings):
         _stays_out(h, move, "admission", admission.failure_message(h.name, findings))
     logger.info(f"    [{h.name}] verified: {t.gpu_count} GPUs as declared, {len(findings)} admission "
                 f"check(s) passed")
-    record = ({"current": stack.pins(t), "previous": stack.pins(t)} if move.rollback
-              else stack.record_after(read_record(h), stack.pins(t)))
-    run(h, record_command(record))
+    if record:
+        pins = ({"current": stack.pins(t), "previous": stack.pins(t)} if move.rollback
+                else stack.record_after(read_record(h), stack.pins(t)))
+        run(h, record_command(pins))
 
     for dep in move.deployments:
         run(h, rollout.start(dep))
@@ -137,10 +159,57 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
             for d in move.deployments:
                 shell(h, rollout.stop(d), s.deployment(d).shutdown_timeout_s + COMMAND_TIMEOUT_S)
             _stays_out(h, move, "gate", f"{dep}: {why}")
-    run(h, f"rm -f {stack.STACK_MOVING}")
+    run(h, f"rm -f {_marker(move)}")
     for dep in move.deployments:
         rotation.back_in(h, s, dep)
-    logger.info(f"    [{h.name}] serves again on {target.label} after {time.monotonic() - t0:.0f} s")
+    logger.info(f"    [{h.name}] serves again on {label} after {time.monotonic() - t0:.0f} s")
+
+
+def _marker(move: StackMove) -> str:
+    """The file that says a move of this kind began on the host and has not finished."""
+    return patch.PATCH_MOVING if isinstance(move, PatchMove) else stack.STACK_MOVING
+
+
+def _title(move: StackMove) -> str:
+    return move.title if isinstance(move, PatchMove) else f"GPU stack move to {move.to_stack}"
+
+
+def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> None:
+    """The change of an OS update move: apt upgrade within the holds (the GPU stack's set stays
+    as it is), then, when a new kernel is to boot, its GPU driver module checked and the reboot.
+    A failure from here on leaves the host out (_stays_out): packages may have changed."""
+    run(h, f"mkdir -p -m 700 {patch.PATCH_MOVING.rsplit('/', 1)[0]} && touch {patch.PATCH_MOVING}")
+    held = get(HeldVersions)
+    logger.info(f"    [{h.name}] applying OS updates within the holds ({len(held)} held package(s))")
+    ok, output = shell(h, f"{patch.APT_UPDATE} && {patch.APT_UPGRADE}", APT_TIMEOUT_S)
+    if not ok:
+        _stays_out(h, move, "update", f"apt-get upgrade failed: {output.output[-800:]}")
+    changed = patch.held_changed(held, get(HeldVersions))
+    if changed:   # apt keeps held packages back: this is a bug or a hand-made change, never served on
+        _stays_out(h, move, "update", "held packages changed: " + ", ".join(changed))
+    kernels = get(KernelState)
+    target = kernels.change
+    if target is None:
+        logger.info(f"    [{h.name}] no kernel change (running {kernels.running}): no reboot")
+        return
+    vendor = t.vendor if t.enabled else None
+    driver = t.driver_version if vendor == "nvidia" else None
+    why = patch.module_problem(kernels, target, vendor, driver, h.name)
+    if why:   # checked before the reboot: the old kernel still runs the GPUs
+        _stays_out(h, move, "verify", why)
+    if not t.reboot_allowed:
+        _stays_out(h, move, "reboot", f"{h.name}: kernel {target} is installed ({kernels.running} runs) "
+                   "and this host may not be rebooted (reboot: never). Allow it with `reboot: allowed` "
+                   "(or `--data reboot=allowed`), or reboot the host yourself and run deploys/patch.py again")
+    _reboot(h, t, f"to boot kernel {target}")
+    after = get(KernelState)
+    if after.running != target:
+        _stays_out(h, move, "verify", f"{h.name}: rebooted into kernel {after.running}, expected {target} "
+                   "(GRUB_DEFAULT?)")
+    why = patch.module_problem(after, target, vendor, driver, h.name)
+    if why:
+        _stays_out(h, move, "verify", why)
+    logger.info(f"    [{h.name}] running kernel {target}; its GPU driver module is built")
 
 
 def _serve_again(h, move: StackMove, s: HostSettings) -> None:
@@ -161,16 +230,16 @@ def _stays_out(h, move: StackMove, step: str, why: str) -> None:
             shell(h, rollout.stop(dep), COMMAND_TIMEOUT_S)
         except MoveFailed as exc:   # unreachable: the failure below says what happened
             logger.warning(f"    {exc}")
-    raise MoveFailed(f"{h.name}: GPU stack move to {move.to_stack} failed at {step}: {why}. The host "
+    raise MoveFailed(f"{h.name}: {_title(move)} failed at {step}: {why}. The host "
                      "stays out of rotation with its engines stopped; fix it and run the same "
                      "command again to finish the rollout")
 
 
-def _reboot(h, t: stack.StackSettings) -> None:
+def _reboot(h, t: stack.StackSettings, why: str = "to load the new driver") -> None:
     """Reboot and wait until the host answers with a new boot id (pyinfra's server.reboot, for a
     host this operation does not run on)."""
     before = run(h, BOOT_ID).strip()
-    logger.info(f"    [{h.name}] rebooting to load the new driver")
+    logger.info(f"    [{h.name}] rebooting {why}")
     shell(h, "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &", COMMAND_TIMEOUT_S)
     time.sleep(max(t.reboot_delay, 1))
     deadline = time.monotonic() + t.reboot_timeout
@@ -191,6 +260,6 @@ def _reboot(h, t: stack.StackSettings) -> None:
                 return
             h.disconnect()
         if time.monotonic() > deadline:
-            raise MoveFailed(f"{h.name}: GPU stack move failed at reboot: the host did not come back "
+            raise MoveFailed(f"{h.name}: host move failed at reboot: the host did not come back "
                              f"within reboot_timeout = {t.reboot_timeout} s; it stays out of rotation")
         time.sleep(1)
