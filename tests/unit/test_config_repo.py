@@ -1,0 +1,97 @@
+"""A config repo of its own (docs/config-repo.md): what the package ships, and that no default
+lives only in this repository's group_data/all.py."""
+
+from __future__ import annotations
+
+import runpy
+import shutil
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from setuptools import find_namespace_packages
+
+import gpuserve.deploys as packaged
+from gpuserve import config, stack
+from gpuserve.plan import load_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULTS = {**stack.DEFAULTS, **config.DEPLOYMENT_DEFAULTS, **config.HOST_DEFAULTS}
+
+
+def test_every_deploy_of_the_repository_is_packaged():
+    shipped = packaged.names()
+    assert shipped == sorted(p.stem for p in (REPO / "deploys").glob("*.py") if not p.stem.startswith("_"))
+    assert "serve" in shipped and "upgrade" in shipped
+    assert packaged.path("serve") == packaged.path("serve.py")
+    assert packaged.path("serve").read_text() == (REPO / "deploys" / "serve.py").read_text()
+
+
+def test_an_unknown_deploy_names_the_shipped_ones():
+    with pytest.raises(ValueError, match=r"ships no deploy 'serv'; it ships: decommission, .*serve"):
+        packaged.path("serv")
+
+
+def test_python_m_prints_a_deploy_path(capsys):
+    assert packaged.main(["serve"]) == 0
+    assert capsys.readouterr().out.strip() == str(packaged.path("serve"))
+    assert packaged.main(["nope"]) == 2
+    assert packaged.main([]) == 0
+    assert "upgrade" in capsys.readouterr().out.split()
+
+
+def test_the_package_list_holds_every_subpackage():
+    """pyproject lists the packages (gpuserve.deploys lives in deploys/): none may be forgotten."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    code = {p for p in find_namespace_packages(str(REPO), include=["gpuserve*", "gpuserve_sandbox*"])
+            if any((REPO / p.replace(".", "/")).glob("*.py"))}
+    assert code - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert listed - code == {"gpuserve.deploys"}
+
+
+def test_the_files_deploys_read_are_inside_the_package():
+    from gpuserve.layers import service, watchdog
+
+    pkg = Path(config.__file__).resolve().parent
+    for f in (service.TEMPLATES / "gpuserve.service.j2", service.GATE_SRC, watchdog.PROGRAM_SRC):
+        assert f.is_file() and f.resolve().is_relative_to(pkg), f
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
+    assert "templates/*" in data and "files/*" in data
+
+
+def test_group_data_all_holds_no_default_of_its_own():
+    """Every value this repo's group_data/all.py sets is gpuserve's own default: a config repo
+    without it loses nothing."""
+    all_py = runpy.run_path(str(REPO / "group_data" / "all.py"))
+    for key, value in all_py.items():
+        if key.startswith("__"):
+            continue
+        assert key in DEFAULTS, f"group_data/all.py sets {key}, which is no gpuserve key"
+        assert value == DEFAULTS[key], f"group_data/all.py: {key} = {value!r}, the package's is {DEFAULTS[key]!r}"
+
+
+def _settings(root: Path, monkeypatch) -> dict:
+    monkeypatch.chdir(root)
+    return {h.name: config.load_host(h) for h in load_inventory("inventories/prod.py")}
+
+
+def test_prod_plans_the_same_without_group_data_all(tmp_path, monkeypatch):
+    """The example fleet, planned from a copy of its inventory and group data without all.py,
+    gets exactly the settings it gets here (values and, but for 'group all', their sources)."""
+    here = _settings(REPO, monkeypatch)
+    repo = tmp_path / "fleet"
+    shutil.copytree(REPO / "inventories", repo / "inventories")
+    shutil.copytree(REPO / "group_data", repo / "group_data")
+    (repo / "group_data" / "all.py").unlink()
+    there = _settings(repo, monkeypatch)
+    assert here.keys() == there.keys() and len(here) == 5
+    for name, s in here.items():
+        assert _values(there[name]) == _values(s), name
+
+
+def _values(s: config.HostSettings) -> dict:
+    """The settings without where each came from (a key all.py set is a 'gpuserve default' now)."""
+    values = {k: v for k, v in vars(s).items() if k not in ("sources", "deployments")}
+    values["deployments"] = [replace(d, origins={}) for d in s.deployments]
+    return values
