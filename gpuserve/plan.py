@@ -16,6 +16,7 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
 from gpuserve import recipes
+from gpuserve.config_repo import no_group_data_hint
 from gpuserve.config import ConfigError, HostSettings, validate_inventory
 from gpuserve.recipes import ServeConfig
 
@@ -220,5 +221,8 @@ def plan(inventory: str | None, profile: str | None, fmt: str, data: tuple[str, 
             click.echo(errors_json(error))
         else:
             click.echo(str(error), err=True)
+        hint = None if inventory is None else no_group_data_hint(inventory, os.getcwd())
+        if hint:   # a run from outside the config repo (docs/config-repo.md)
+            click.echo(hint, err=True)
         sys.exit(1)
     click.echo(output)

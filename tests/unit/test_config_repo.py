@@ -95,3 +95,30 @@ def _values(s: config.HostSettings) -> dict:
     values = {k: v for k, v in vars(s).items() if k not in ("sources", "deployments")}
     values["deployments"] = [replace(d, origins={}) for d in s.deployments]
     return values
+
+
+def test_group_data_dirs_are_pyinfras():
+    """The folders pyinfra's own loader reads, in its order (pyinfra_cli.inventory)."""
+    from gpuserve.config_repo import group_data_dirs
+
+    assert group_data_dirs("inventories/prod.py", "/r") == [Path("/r/group_data"),
+                                                            Path("/r/inventories/group_data")]
+    assert group_data_dirs("prod.py", "/r") == [Path("/r/group_data")]
+    assert group_data_dirs("/x/fleet/inventories/prod.py", "/r") == [
+        Path("/r/group_data"), Path("/x/fleet/inventories/group_data")]
+
+
+def test_plan_from_outside_the_config_repo_says_why_every_host_is_refused(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from gpuserve.plan import plan
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(plan, [str(REPO / "inventories" / "prod.py")])
+    assert result.exit_code == 1
+    assert "gpu_model (from gpuserve default)" in result.output
+    assert (f"note: no group data was read: neither {tmp_path}/group_data nor {REPO}/inventories/"
+            "group_data exists") in result.output
+    monkeypatch.chdir(REPO)   # from the root: group data found, the plan passes, no note
+    result = CliRunner().invoke(plan, ["inventories/prod.py"])
+    assert result.exit_code == 0 and "note:" not in result.output
