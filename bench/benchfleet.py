@@ -27,7 +27,8 @@ from gpuserve_sandbox.hosts import Sandbox  # noqa: E402
 from gpuserve_sandbox.hub import (SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED,  # noqa: E402
                                   publish_checkpoint, publish_tiny_checkpoint, serve_in_thread)
 from gpuserve_sandbox.runner import PyinfraRun, run_pyinfra  # noqa: E402
-from gpuserve_sandbox.services import ensure_api_keys, ensure_wheelhouse  # noqa: E402
+from gpuserve_sandbox.services import (ensure_api_keys, ensure_gateway_wheelhouse,  # noqa: E402
+                                      ensure_wheelhouse)
 from gpuserve_sandbox.simgpu import HostSpec  # noqa: E402
 from gpuserve_sandbox.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 
@@ -87,6 +88,8 @@ def fleet(args: argparse.Namespace, profile: str = "cpu", extra: tuple[str, ...]
     t0 = time.monotonic()
     print(f"machine: {machine()}", flush=True)
     ensure_wheelhouse()
+    if "gateway" in extra or profile == "gateway":
+        ensure_gateway_wheelhouse()   # smg's wheel set, for the gateway hosts
     ensure_api_keys(sandbox.state_dir)
     hosts = sandbox.up([HostSpec.parse(profile)] * args.hosts + [HostSpec.parse(p) for p in extra],
                        services=False)

@@ -7,9 +7,13 @@ Every client request goes to the gateway only; the harness's own balancer is not
 side by side, in one run:
   * gateway overhead: p50 of a 1-token chat through the gateway / straight to a host's proxy
     (the bench's own address is admitted as a gateway for this: gateway_addresses), interleaved;
-  * prefix cache: C conversations x T turns, each re-sending one long shared system prompt and
-    tool definitions plus its growing history, under cache_aware and then round_robin (a fresh
-    prompt per policy, so neither reuses the other's cache): sum over hosts of
+    once with the real engines, and once with every engine replaced by a stand-in that answers
+    at once (sim-engine-stub, below) over kept-alive connections, so the difference is what the
+    gateway's hop adds (its nginx, smg, its TLS to the host), not the engine's noise;
+  * prefix cache: C conversations x T turns, each re-sending a system prompt and tool
+    definitions plus its growing history, under cache_aware and then round_robin (a fresh prompt
+    per policy, so neither reuses the other's cache), once with one system prompt shared by every
+    conversation and once with a system prompt of each conversation's own: sum over hosts of
     vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total (deltas), and median TTFT;
   * kill -9 of one engine under a client loop: seconds until the gateway lists it unhealthy,
     failed requests;
@@ -19,7 +23,9 @@ side by side, in one run:
 
 from __future__ import annotations
 
+import http.client
 import json
+import random
 import ssl
 import statistics
 import sys
@@ -63,6 +69,74 @@ def request(url: str, ctx, key: str, body: dict, timeout: float = 300) -> tuple[
         return exc.code, 0.0, time.monotonic() - t0
     except OSError:
         return 0, 0.0, time.monotonic() - t0
+
+
+# sim-engine-stub: a stand-in for the engine, for the overhead section only. It answers /health,
+# /v1/models and any chat at once with a fixed 1-token completion, on the engine's port behind
+# the host's real proxy, while the engine's unit is stopped.
+SIM_ENGINE = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+CHAT = json.dumps({"id": "sim", "object": "chat.completion", "created": 0, "model": "tiny-chat",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                 "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+MODELS = json.dumps({"object": "list", "data": [{"id": "tiny-chat", "object": "model",
+                                                "owned_by": "sim"}]}).encode()
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True   # headers and body are two writes: no 40 ms delayed-ACK wait
+    def _send(self, body):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self._send(MODELS if self.path.startswith("/v1/models") else b"{}")
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send(CHAT)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+class Kept:
+    """One kept-alive HTTPS connection; request() -> (status, seconds), reconnecting once."""
+
+    def __init__(self, host: str, port: int, ctx, key: str):
+        self.host, self.port, self.ctx, self.key = host, port, ctx, key
+        self.conn = None
+
+    def request(self, body: dict) -> tuple[int, float]:
+        data = json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+        for _ in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPSConnection(self.host, self.port, timeout=30, context=self.ctx)
+            t0 = time.monotonic()
+            try:
+                self.conn.request("POST", "/v1/chat/completions", body=data, headers=headers)
+                resp = self.conn.getresponse()
+                resp.read()
+                return resp.status, time.monotonic() - t0
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+        return 0, 0.0
+
+
+def stub_engines(f, serving, on: bool) -> None:
+    """Replace every serving host's engine by sim-engine-stub (on) or put the engine back."""
+    for h in serving:
+        if on:
+            f.sandbox.ssh(h, f"systemctl stop gpuserve-{DEP} && cat > /run/sim-engine-stub.py <<'EOF'\n"
+                             f"{SIM_ENGINE}\nEOF\nsystemd-run --unit sim-engine-stub "
+                             "python3 /run/sim-engine-stub.py 8000", timeout=300)
+        else:
+            f.sandbox.ssh(h, f"systemctl stop sim-engine-stub; systemctl start gpuserve-{DEP}", timeout=300)
 
 
 def metrics(f, h) -> dict[str, float]:
@@ -135,29 +209,49 @@ class Loop:
             t.join(180)
 
 
-def conversations(url, ctx, key, n_conv: int, turns: int, tag: str) -> list[float]:
-    """n_conv agent-style conversations, turn by turn, round-robin between them; the TTFTs."""
-    # the sandbox's tiny model reads about one token per character, at most 2048: a short "long"
-    # prompt (about 700 characters with the tools), a short history
-    system = (f"[{tag}] You are a careful operations agent for a GPU fleet. " +
-              " ".join(f"Rule {i}: check health first." for i in range(12)))
-    tools = [{"type": "function", "function": {
+N_CONV = 8
+# (label, shared system prompt?, its rules, turns). The tiny model's context is 2048 tokens (about
+# one a character): "long" keeps the prefix short to fit 9 turns, so that, as in a long agent
+# loop, the history outgrows the system prompt
+WORKLOADS = (("shared prompt, 6 turns", True, 6, 6), ("shared prompt, 9 turns", True, 1, 9),
+             ("own prompts, 6 turns", False, 6, 6))
+
+
+def conversations(url, ctx, key, tag: str, shared: bool, rules: int, turns: int) -> list[float]:
+    """N_CONV agent-style conversations of ``turns`` turns; the TTFTs. Each request re-sends the
+    system prompt and tool definitions plus the conversation's history so far. ``shared``: one
+    system prompt for every conversation (one agent, many users); otherwise each conversation
+    has its own (its agent, tenant or task at the top). The conversations take turns in a
+    shuffled order each round (seeded, the same for every policy): in lockstep, 8 conversations
+    over 4 hosts would make round_robin send each to the same host every turn."""
+    # the sandbox's tiny model reads about one token per character, at most 2048: a prefix of
+    # about 480 characters with 1 rule, 620 with 6, and 125 more a turn
+    tools = json.dumps([{"type": "function", "function": {
         "name": f"tool_{i}", "description": f"Operation {i} on a host.",
         "parameters": {"type": "object", "properties": {"host": {"type": "string"}}}}}
-        for i in range(2)]
-    tool_text = json.dumps(tools)
-    histories = [[{"role": "system", "content": system + "\nTools: " + tool_text}] for _ in range(n_conv)]
+        for i in range(2)])
+
+    def system(c: int) -> str:
+        who = tag if shared else f"{tag} conversation {c}"
+        return (f"[{who}] You are a careful operations agent for a GPU fleet. " +
+                " ".join(f"Rule {i}: check health first." for i in range(rules)) + "\nTools: " + tools)
+
+    histories = [[{"role": "system", "content": system(c)}] for c in range(N_CONV)]
     ttfts = []
+    order = list(range(N_CONV))
     for turn in range(turns):
-        for c in range(n_conv):
-            histories[c].append({"role": "user", "content": f"C{c} T{turn}: check node-{c:03d}."})
+        random.Random(turn).shuffle(order)
+        for c in order:
+            histories[c].append({"role": "user", "content": f"C{c} T{turn}: check node-{c:03d} and "
+                                                            f"report its GPU temperatures, please."})
             status, first, _ = request(url, ctx, key, {
                 "model": MODEL, "max_tokens": 8, "stream": True, "messages": histories[c]})
             if status == 200:
                 ttfts.append(first)
             else:
                 print(f"  conversation {c} turn {turn}: HTTP {status}", flush=True)
-            histories[c].append({"role": "assistant", "content": "ok"})
+            histories[c].append({"role": "assistant", "content": f"node-{c:03d}: all 8 GPUs between "
+                                                                 f"41 and 47 C, no throttling seen."})
     return ttfts
 
 
@@ -214,29 +308,63 @@ def main() -> None:
             ("added p50", f"{(p50v - p50d) * 1000:.1f} ms", "target <= 2 ms"),
         ])
 
-        # --- prefix cache: cache_aware vs round_robin ----------------------------------------------
+        # --- overhead of the gateway's hop alone: every engine a stand-in that answers at once ----
+        stub_engines(f, serving, on=True)
+        try:
+            assert wait_all_healthy(f, gw, serving), states(f, gw)
+            through = Kept(gw.ip, GW_PORT, gw_ctx, key)
+            straight = Kept(h.ip, 8443, h_ctx, key)
+            for _ in range(10):   # connections opened, smg's to the hosts too
+                through.request(one)
+                straight.request(one)
+            via, direct = [], []
+            pairs = 300
+            for _ in range(pairs):
+                s1, t1 = through.request(one)
+                s2, t2 = straight.request(one)
+                if s1 == 200 and s2 == 200:
+                    via.append(t1)
+                    direct.append(t2)
+            diffs = sorted(a - b for a, b in zip(via, direct))
+            q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+            table(f"Gateway overhead with stand-in engines (sim-engine-stub), kept-alive, "
+                  f"{pairs} interleaved pairs", [
+                ("p50 through the gateway", f"{statistics.median(via) * 1000:.2f} ms", f"{len(via)}/{pairs} pairs ok"),
+                (f"p50 straight to {h.name}'s proxy", f"{statistics.median(direct) * 1000:.2f} ms", ""),
+                ("added p50 (median of the pairs' differences)", f"{q(diffs, 0.5) * 1000:.2f} ms",
+                 f"p25 {q(diffs, 0.25) * 1000:.2f} / p75 {q(diffs, 0.75) * 1000:.2f} ms; target <= 2 ms"),
+            ])
+        finally:
+            stub_engines(f, serving, on=False)
+        assert wait_all_healthy(f, gw, serving, bound_s=600), states(f, gw)
+
+        # --- prefix cache: cache_aware vs round_robin, one shared prompt / one per conversation ---
         rows = []
         results = {}
         for policy in ("cache_aware", "round_robin"):
             set_policy(f, gw, policy, serving)
-            before = [metrics(f, x) for x in serving]
-            ttfts = conversations(gw_url, gw_ctx, key, n_conv=8, turns=4, tag=uuid.uuid4().hex)
-            after = [metrics(f, x) for x in serving]
-            hits = sum(a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
-                       for a, b in zip(after, before))
-            queries = sum(a["vllm:prefix_cache_queries_total"] - b["vllm:prefix_cache_queries_total"]
-                          for a, b in zip(after, before))
-            results[policy] = (hits / queries if queries else 0.0,
-                               statistics.median(ttfts) if ttfts else float("nan"), len(ttfts))
-            rows.append((f"{policy}: hit ratio (hits / queries, tokens)", f"{results[policy][0]:.3f}",
-                         f"{hits:.0f} / {queries:.0f}"))
-            rows.append((f"{policy}: median TTFT", f"{results[policy][1] * 1000:.0f} ms",
-                         f"{results[policy][2]}/32 ok"))
-        ca, rr = results["cache_aware"], results["round_robin"]
-        rows.append(("hit ratio cache_aware / round_robin", f"{ca[0] / rr[0]:.2f}" if rr[0] else "inf",
-                     "target >= 1.5"))
-        rows.append(("median TTFT cache_aware / round_robin", f"{ca[1] / rr[1]:.2f}", "target < 1"))
-        table(f"Prefix cache, 8 conversations x 4 turns over {len(serving)} hosts", rows)
+            for kind, shared, rules, turns in WORKLOADS:
+                before = [metrics(f, x) for x in serving]
+                ttfts = conversations(gw_url, gw_ctx, key, tag=uuid.uuid4().hex, shared=shared,
+                                      rules=rules, turns=turns)
+                after = [metrics(f, x) for x in serving]
+                hits = sum(a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
+                           for a, b in zip(after, before))
+                queries = sum(a["vllm:prefix_cache_queries_total"] - b["vllm:prefix_cache_queries_total"]
+                              for a, b in zip(after, before))
+                results[policy, kind] = (hits / queries if queries else 0.0,
+                                         statistics.median(ttfts) if ttfts else float("nan"))
+                rows.append((f"{policy}, {kind}: hit ratio (hits / queries, tokens)",
+                             f"{results[policy, kind][0]:.3f}", f"{hits:.0f} / {queries:.0f}"))
+                rows.append((f"{policy}, {kind}: median TTFT", f"{results[policy, kind][1] * 1000:.0f} ms",
+                             f"{len(ttfts)}/{N_CONV * turns} ok"))
+        for kind, *_ in WORKLOADS:
+            ca, rr = results["cache_aware", kind], results["round_robin", kind]
+            rows.append((f"{kind}: hit ratio cache_aware / round_robin",
+                         f"{ca[0] / rr[0]:.2f}" if rr[0] else "inf", "target >= 1.5"))
+            rows.append((f"{kind}: median TTFT cache_aware / round_robin", f"{ca[1] / rr[1]:.2f}",
+                         "target < 1"))
+        table(f"Prefix cache, {N_CONV} conversations over {len(serving)} hosts", rows)
         set_policy(f, gw, "cache_aware", serving)
 
         # --- kill -9 of one engine under load -------------------------------------------------------
@@ -268,8 +396,9 @@ def main() -> None:
         with Loop(gw_url, gw_ctx, key) as loop:
             # --limit cpu: deploys/upgrade.py does not skip hosts that serve nothing (yet); the
             # rollout reaches the gateway outside the limit by itself (gpuserve.layers.rotation)
+            # no monitor host here to judge a canary: no bake (deploys/upgrade.py refuses without)
             run = f.pyinfra("deploys/upgrade.py", "--limit", "cpu", "--data", f"model_revision={sha1}",
-                            "--data", f"gateway_addresses={admit}")
+                            "--data", f"gateway_addresses={admit}", "--data", "canary_bake_s=0")
         drained = run.output.count("reports it drained")
         finished = run.output.count("in-flight requests finished")
         table(f"Rolling upgrade of {len(serving)} hosts, client loop at the gateway only", [

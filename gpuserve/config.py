@@ -88,7 +88,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "proxy_conn_per_key": 32,  # requests in flight per key (nginx limit_conn)
     "proxy_conn_per_address": 64,  # requests in flight per client address
     "proxy_client_timeout_s": 10,  # header, body-read, idle timeouts that end slow clients
-    "proxy_operator_networks": ["127.0.0.1/32", "::1/128"],  # reach operator routes without a key
+    "proxy_operator_networks": ["127.0.0.1/32", "::1/128"],  # /metrics, /version, /load without a key
     "proxy_server_names": [],  # Host names the proxy answers besides the host's name and address
     "trusted_network": False,  # True: serve_host may leave loopback without the proxy
     "rollback_to": None,  # deploys/rollback.py: a release id instead of each host's previous
@@ -153,6 +153,7 @@ GATEWAY_DEFAULTS: dict[str, Any] = {
     "gateway_balance_rel_threshold": gateway.DEFAULT_BALANCE_REL,
     "gateway_sticky_header": None,  # e.g. "x-session-id": one conversation, one host
     "gateway_health_interval_s": 5,
+    "gateway_health_failures": 1,  # failed health checks in a row before smg ejects a worker
     "smg_version": gateway.SMG_VERSION,
     "gateway_workers_ca_file": None,  # None: trust the serving hosts' own (self-signed) certificates
     "gateway_addresses": None,  # None: the gateway's ssh_hostname (an IP address)
@@ -1138,6 +1139,7 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
     if sticky is not None and not (isinstance(sticky, str) and re.fullmatch(gateway.HEADER_NAME, sticky)):
         c.problem("gateway_sticky_header", f"{sticky!r} is not a header name (letters, digits, '-')")
     health = c.integer("gateway_health_interval_s", 1, maximum=3600)
+    failures = c.integer("gateway_health_failures", 1, maximum=10)
     version = c.get("smg_version")
     if not (isinstance(version, str) and VERSION.fullmatch(version)):
         c.problem("smg_version", f"{version!r} is not a version like '{gateway.SMG_VERSION}' (a string)")
@@ -1181,7 +1183,7 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
         bind=bind, port=ports["gateway_port"], smg_port=ports["gateway_smg_port"],
         metrics_host=metrics, metrics_port=ports["gateway_metrics_port"], policy=policy,
         balance_abs_threshold=abs_t, balance_rel_threshold=float(rel), sticky_header=sticky,
-        health_interval_s=health, smg_version=version, workers_ca_file=ca,
+        health_interval_s=health, health_failures=failures, smg_version=version, workers_ca_file=ca,
         addresses=tuple(str(a) for a in addresses or ()))
 
 

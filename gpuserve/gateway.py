@@ -9,8 +9,8 @@ the host's nginx:
            --loopback, the engine's own key--> the engine
 
     /opt/gpuserve/gateway/smg-<version>-py<python>/   the venv (uv, like the engines)
-    /etc/gpuserve/gateway/workers.json                 the worker file smg watches (this module)
-    /etc/gpuserve/gateway/workers-ca.pem               what smg trusts on the serving hosts
+    /etc/gpuserve-gateway/workers.json                 the worker file smg watches (this module)
+    /etc/gpuserve-gateway/workers-ca.pem               what smg trusts on the serving hosts
 
 smg gets no secret at all: nginx checks the client keys and strips them before smg, and the
 serving hosts' nginx trusts the gateway by its address (``gateway_addresses``).
@@ -32,7 +32,10 @@ GATEWAY_GROUP = "gateway"
 SMG_PACKAGE = "smg"
 SMG_VERSION = "1.13.0"   # the version evaluated in issue 14
 UNIT = "gpuserve-gateway.service"
-ETC = f"{layout.ETC_DIR}/gateway"
+# beside /etc/gpuserve, not in it: on a host that also serves, /etc/gpuserve is root:gpuserve
+# 0750, and smg (a dynamic user) could not read its CA file there, so it never started
+ETC = f"{layout.ETC_DIR}-gateway"
+OLD_ETC = f"{layout.ETC_DIR}/gateway"   # their old place (CHANGELOG, Unreleased): a converge removes it
 WORKERS_FILE = f"{ETC}/workers.json"
 WORKERS_CA = f"{ETC}/workers-ca.pem"
 ENVS = f"{layout.OPT_DIR}/gateway"
@@ -62,6 +65,7 @@ class GatewaySettings:
     balance_rel_threshold: float
     sticky_header: str | None  # a header naming the conversation: sticky sessions by it
     health_interval_s: int
+    health_failures: int   # consecutive failed checks before smg ejects a worker (its default: 3)
     smg_version: str
     workers_ca_file: str | None   # control node; None: the serving hosts' own certificates
     addresses: tuple[str, ...]    # what the serving hosts see this gateway connect from
@@ -127,6 +131,7 @@ def smg_argv(g: GatewaySettings, venv: str) -> list[str]:
         "--balance-abs-threshold", str(g.balance_abs_threshold),
         "--balance-rel-threshold", str(g.balance_rel_threshold),
         "--health-check-interval-secs", str(g.health_interval_s),
+        "--health-failure-threshold", str(g.health_failures),
         "--discovery-check-interval-secs", "5",   # besides the reread on every change
         "--log-level", "info",
     ]

@@ -28,7 +28,6 @@ PROMETHEUS_PORT = 9090       # on the monitor host, loopback only
 ALERTMANAGER_PORT = 9093     # on the monitor host, loopback only
 NODE_EXPORTER_PORT = 9100    # on every host, loopback only
 NODE_EXPORTER_TLS_PORT = 9101  # nginx in front of it: operator/monitor networks only
-DCGM_EXPORTER_PORT = 9400    # NVIDIA's datacenter-gpu-manager-exporter (GPU-stack layer)
 GATEWAY_METRICS_PATH = "/smg/metrics"   # smg's /metrics on a gateway host's exporters' front
 
 PROMETHEUS_DIR = "/etc/prometheus"

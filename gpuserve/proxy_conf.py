@@ -5,9 +5,12 @@ Who may reach what (docs/configuration.md, "Proxy"):
 - ``/health`` is open (load balancers poll it; 503 while a rollout drains the host);
 - the CLIENT_ROUTES (the inference API vLLM documents for clients) need a client key or an
   operator key;
-- every other path, including routes a future engine adds, is an operator route: it needs an
-  operator key (``operator_keys_file``) or a peer address in ``proxy_operator_networks``;
-  a client key gets 403, no key 401.
+- the MONITOR_ROUTES (read-only: metrics, version, load) need an operator key
+  (``operator_keys_file``) or a peer address in ``proxy_operator_networks``;
+- every other path, including inference outside the client API (/invocations) and routes a
+  future engine adds, is an operator route: it needs an operator key, from any address. A peer
+  in the operator networks (loopback by default: every local user) gets no inference and no
+  control without a key. A client key gets 403, no key 401.
 
 Keys are matched exactly and case-sensitively (an nginx ``map`` compares plain strings without
 regard to case; a ``~`` regex is case-sensitive). Each key maps to a short id (c1, c2, o1, ...):
@@ -38,7 +41,9 @@ CLIENT_ROUTES: tuple[tuple[str, str], ...] = (
     ("= /tokenize", "small"),
     ("= /detokenize", "small"),
 )
-# Not client routes (operator only, like any route not listed): /invocations and /ping
+# Read-only routes a peer in proxy_operator_networks may read without a key (monitoring, probes).
+MONITOR_ROUTES: tuple[str, ...] = ("= /metrics", "= /version", "= /load")
+# Not client routes (operator key only, like any route not listed): /invocations and /ping
 # (SageMaker: /invocations runs any inference without the engine's key), /v1/chat/completions/batch,
 # /generative_scoring, /metrics, /load, /version, /docs, /openapi.json, /scale_elastic_ep, /sleep,
 # /reset_prefix_cache, /collective_rpc, /pause, /update_weights, ...
@@ -137,8 +142,9 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
                 f"    send_timeout {max(t, 60)}s;\n", f"    keepalive_timeout {t}s;\n"]
     out = [
         f"# Managed by gpuserve (pyinfra): the TLS front of deployment {deployment}.\n",
-        "# /health is open; the client routes need a client or operator key; every other route\n",
-        "# needs an operator key or a peer in proxy_operator_networks (gpuserve/proxy_conf.py).\n",
+        "# /health is open; the client routes need a client or operator key; the monitoring routes an\n",
+        "# operator key or a peer in proxy_operator_networks; every other route an operator key\n",
+        "# (gpuserve/proxy_conf.py).\n",
         f"map $http_authorization ${v}_key {{\n",
         "    default \"\";\n",
         f"    include {NGINX_DIR}/{deployment}.keys;\n",
@@ -148,10 +154,16 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "    default 0;\n",
         *(f"    {net} 1;\n" for net in operator_networks),
         "}\n",
-        "# 0: allowed; 401: no (known) key; 403: a client key on an operator route\n",
-        f"map \"${v}_key:${v}_opnet\" ${v}_operator {{\n",
+        "# the monitoring routes: 0: allowed; 401: no (known) key; 403: a client key\n",
+        f"map \"${v}_key:${v}_opnet\" ${v}_monitor {{\n",
         "    ~^o 0;\n",
         "    ~:1$ 0;\n",
+        "    ~^c 403;\n",
+        "    default 401;\n",
+        "}\n",
+        "# every other route: an operator key, whatever the peer's address\n",
+        f"map ${v}_key ${v}_operator {{\n",
+        "    ~^o 0;\n",
         "    ~^c 403;\n",
         "    default 401;\n",
         "}\n",
@@ -227,14 +239,25 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
             f"        proxy_read_timeout {read_timeout_s}s;\n",
             "    }\n",
         ]
-    out += [
-        "\n",
-        "    # everything else (metrics, docs, scaling, sleep, cache resets, routes not known yet)\n",
-        "    location / {\n",
-        f"        if (${v}_operator = 401) {{\n",
+    for location in MONITOR_ROUTES:
+        out += ["\n", f"    location {location} {{\n",
+                *_operator_block(v, f"{v}_monitor", deployment, read_timeout_s)]
+    out += ["\n",
+            "    # everything else (inference outside the client API, docs, scaling, sleep, cache resets,\n",
+            "    # routes not known yet): an operator key only\n",
+            "    location / {\n",
+            *_operator_block(v, f"{v}_operator", deployment, read_timeout_s),
+            "}\n"]
+    return "".join(out)
+
+
+def _operator_block(v: str, verdict: str, deployment: str, read_timeout_s: int) -> list[str]:
+    """The body of an operator location, refused unless ``$<verdict>`` is 0."""
+    return [
+        f"        if (${verdict} = 401) {{\n",
         "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
         "        }\n",
-        f"        if (${v}_operator = 403) {{\n",
+        f"        if (${verdict} = 403) {{\n",
         "            return 403 \"{\\\"error\\\": \\\"an operator route: client keys are not allowed\\\"}\\n\";\n",
         "        }\n",
         *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
@@ -242,9 +265,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "        proxy_buffering off;\n",
         f"        proxy_read_timeout {read_timeout_s}s;\n",
         "    }\n",
-        "}\n",
     ]
-    return "".join(out)
 
 
 def _gateway_maps(v: str, gateways: Sequence[str]) -> list[str]:

@@ -61,6 +61,7 @@ HOST_PATHS = (
     "/etc/nginx/conf.d/gpuserve--exporters.conf",   # gpuserve.layers.monitoring.EXPORTERS_CONF
     "/etc/nginx/gpuserve-exporters",      # its TLS pair (gpuserve.layers.monitoring.EXPORTERS_DIR)
     gateway.NGINX_CONF,                   # a gateway's front (its keys are in proxy_conf.NGINX_DIR)
+    gateway.ETC,                          # a gateway's worker file and workers' CA
     "/var/lib/gpuserve-gateway",          # smg's StateDirectory (DynamicUser: a link to private/)
     "/var/lib/private/gpuserve-gateway",
     monitoring.RULES_YML,                 # a monitor's alert rules

@@ -25,6 +25,15 @@ def client_key(sandbox: Sandbox) -> str:
     return api_keys_path(sandbox.state_dir).read_text().split()[0]
 
 
+def operator_keys_file(directory: Path, key: str) -> Path:
+    """An operator key file (``operator_keys_file``) holding ``key``, 0600: the plan refuses a key
+    file others can read."""
+    path = directory / "operator-keys"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def pointers(sandbox: Sandbox, host: SandboxHost, deployment: str) -> tuple[str, str]:
     """(current, previous) release ids of a deployment; "" where a pointer is missing."""
     out = sandbox.ssh(host, f"readlink {layout.current_link(deployment)}; "

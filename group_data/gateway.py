@@ -9,4 +9,5 @@ gateway_policy = "cache_aware"       # a conversation's prefix stays on the host
 gateway_balance_abs_threshold = 4    # issue 14: stickiness 100% over 10 prefixes (smg's own: 72%)
 gateway_balance_rel_threshold = 1.2
 gateway_health_interval_s = 5        # a dead engine leaves the rotation within about this
+gateway_health_failures = 1          # failed checks in a row before a worker is ejected
 gateway_port = 9443                  # the clients' TLS front

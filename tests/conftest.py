@@ -100,10 +100,14 @@ def sandbox_login(request):
 
 @pytest.fixture(scope="module")
 def make_hosts(sandbox):
-    """Fresh sandbox hosts for one test module: make_hosts(["hopper_x8", "blackwell_x4"])."""
+    """Fresh sandbox hosts for one test module: make_hosts(["hopper_x8", "blackwell_x4"]).
+    A "gateway" host gets smg's wheel set built first (once per machine), as the engine's is."""
+    from gpuserve_sandbox.services import ensure_gateway_wheelhouse
     from gpuserve_sandbox.simgpu import HostSpec
 
     def make(specs: list[str]):
+        if any(HostSpec.parse(s).profile == "gateway" for s in specs):
+            ensure_gateway_wheelhouse()
         # the tests serve their own hub (sandbox_hub: byte counters, fault injection)
         return sandbox.up([HostSpec.parse(s) for s in specs], services=False)
 

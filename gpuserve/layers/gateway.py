@@ -2,7 +2,7 @@
 
     nginx   gateway_bind:gateway_port   TLS, client keys, client routes only (proxy_conf.server_conf)
     smg     127.0.0.1:gateway_smg_port  API and admin API; metrics on gateway_metrics_host
-    files   /etc/gpuserve/gateway/workers.json, workers-ca.pem (gpuserve.gateway)
+    files   /etc/gpuserve-gateway/workers.json, workers-ca.pem (gpuserve.gateway)
 
 The worker file lists every deployment of every serving host of the inventory (a rollout takes
 one out and puts it back: gpuserve.layers.rotation). The CA file is what smg trusts on the
@@ -14,7 +14,6 @@ gateway by its address (docs/gateway.md, "Trust").
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from io import StringIO
 from pathlib import Path
@@ -23,8 +22,9 @@ from pyinfra import host, logger
 from pyinfra.api import deploy, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
-from pyinfra.facts.files import Directory, FileContents
+from pyinfra.facts.files import Directory, File, FileContents
 from pyinfra.facts.server import Arch
+from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
@@ -35,7 +35,7 @@ from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings
 from gpuserve.layers.engine import uv_binary
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, shell
+from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
 
 NGINX_DIR = proxy_conf.NGINX_DIR
 
@@ -114,25 +114,28 @@ def _workers_ca_current(state) -> bool:
             return False
         pems.append(_ca_entry(h.name, pem))
     have = host.get_fact(FileContents, path=gw.WORKERS_CA)
-    return have is not None and "\n".join(have).strip() == "".join(pems).strip()
+    info = host.get_fact(File, path=gw.WORKERS_CA) or {}
+    return (have is not None and "\n".join(have).strip() == "".join(pems).strip()
+            and info.get("mode") == 644)   # smg, a dynamic user, reads it
 
 
 def _write_if_changed(h, path: str, content: str) -> bool:
-    """A public file (never a secret) written atomically when its content differs; restarts smg
-    when it changed, so it trusts the new certificates."""
-    want = hashlib.sha256(content.encode()).hexdigest()
-    ok, out = shell(h, f"sha256sum {path} 2>/dev/null | cut -d' ' -f1", COMMAND_TIMEOUT_S)
+    """A public file (never a secret) written atomically, 0644, when its content or mode differs;
+    restarts smg when it changed, so it trusts the new certificates."""
+    want = f"{hashlib.sha256(content.encode()).hexdigest()} 644"
+    ok, out = shell(h, f"echo $(sha256sum {path} 2>/dev/null | cut -d' ' -f1) $(stat -c %a {path} 2>/dev/null)",
+                    COMMAND_TIMEOUT_S)
     if ok and out.stdout.strip() == want:
         return True
-    b64 = base64.b64encode(content.encode()).decode()
-    ok, out = shell(h, f"mkdir -p {gw.ETC} && echo {b64} | base64 -d > {path}.tmp && chmod 644 {path}.tmp && "
-                       f"mv -f {path}.tmp {path} && (systemctl try-restart {gw.UNIT} || true)",
-                    COMMAND_TIMEOUT_S)
-    if not ok:
-        logger.error(f"    [{h.name}] writing {path} failed: {out.output[-300:]}")
-    else:
-        logger.info(f"    [{h.name}] {path} changed: smg restarted to trust it")
-    return ok
+    try:
+        run(h, f"mkdir -p {gw.ETC}")
+        put_text(h, path, content)
+        run(h, f"systemctl try-restart {gw.UNIT} || true")
+    except MoveFailed as exc:
+        logger.error(f"    [{h.name}] writing {path} failed: {exc}")
+        return False
+    logger.info(f"    [{h.name}] {path} changed: smg restarted to trust it")
+    return True
 
 
 @deploy("Gateway")
@@ -168,6 +171,8 @@ def gateway(settings: HostSettings) -> None:
                     wheels=wheels)
     # --- the worker file, what smg trusts on the workers, the unit ---------------------------------
     files.directory(name="Gateway configuration", path=gw.ETC, user="root", group="root", mode="755")
+    files.directory(name=f"No gateway configuration in its old place ({gw.OLD_ETC})", path=gw.OLD_ETC,
+                    present=False)
     workers = serving_workers(state.inventory, every)
     manifest = files.put(name=f"Worker file: {len(workers)} worker(s) of the inventory",
                          src=StringIO(gw.manifest(workers)), dest=gw.WORKERS_FILE,
@@ -182,11 +187,32 @@ def gateway(settings: HostSettings) -> None:
                      src=StringIO(gw.unit(g, venv_dir)), dest=f"/etc/systemd/system/{gw.UNIT}",
                      user="root", group="root", mode="644")
     systemd.daemon_reload(name="Reload systemd units (gateway)", _if=unit.did_change)
-    systemd.service(name="smg running and enabled", service=gw.UNIT, running=True, enabled=True)
-    systemd.service(name="Restart smg (its unit, venv or CA changed)", service=gw.UNIT, restarted=True,
-                    _if=any_changed(unit, venv, *([ca] if ca else [])))
+    # a new unit, or an smg that is not running, starts from a clean slate: a unit that failed
+    # into its start limit would refuse the start below for 10 minutes
+    if unit.will_change or not (host.get_fact(SystemdStatus, services=[gw.UNIT]) or {}).get(gw.UNIT):
+        server.shell(name="Forget smg's earlier failures (a new unit, or smg is not running)",
+                     commands=[f"systemctl reset-failed {gw.UNIT} 2>/dev/null || true"])
+    running = systemd.service(name="smg running and enabled", service=gw.UNIT, running=True, enabled=True)
+    restart = systemd.service(name="Restart smg (its unit, venv or CA changed)", service=gw.UNIT,
+                              restarted=True, _if=any_changed(unit, venv, *([ca] if ca else [])))
+    # systemd reports a started smg at once; one that exits (a file it cannot read, a bad flag)
+    # only shows later, in a restart loop: wait for its API, or fail with what it printed
+    server.shell(name=f"smg answers on 127.0.0.1:{g.smg_port} (bounded: {SMG_READY_S} s)",
+                 commands=[smg_ready_command(g.smg_port)], _if=any_changed(running, restart))
     del manifest   # smg rereads the worker file by itself
     _front(settings)
+
+
+SMG_READY_S = 60
+
+
+def smg_ready_command(port: int, seconds: int = SMG_READY_S) -> str:
+    """Exit 0 once smg's /liveness answers 200 on loopback; else print smg's last journal lines
+    and exit 1."""
+    return (f"for i in $(seq {seconds}); do "
+            f"curl -fsS -m 2 -o /dev/null http://127.0.0.1:{port}/liveness && exit 0; sleep 1; done; "
+            f"echo 'smg did not answer on 127.0.0.1:{port} within {seconds} s; its journal:' >&2; "
+            f"journalctl -u {gw.UNIT} -n 15 --no-pager -o cat >&2; exit 1")
 
 
 def _front(settings: HostSettings) -> None:

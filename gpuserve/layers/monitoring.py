@@ -25,7 +25,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, monitoring
+from gpuserve import api_keys, monitoring, stack
 from gpuserve.config import HostSettings
 from gpuserve.layers import secrets_ops
 
@@ -66,7 +66,7 @@ def exporters_conf(networks: list[str], dcgm: bool, tls_include: str, smg_metric
     allow = "".join(f"    allow {net};\n" for net in networks)
     dcgm_block = (
         "    location = /dcgm/metrics {\n"
-        f"        proxy_pass http://127.0.0.1:{monitoring.DCGM_EXPORTER_PORT}/metrics;\n"
+        f"        proxy_pass http://127.0.0.1:{stack.DCGM_EXPORTER_PORT}/metrics;\n"
         "    }\n") if dcgm else ""
     if smg_metrics:
         dcgm_block += (f"    location = {monitoring.GATEWAY_METRICS_PATH} {{\n"

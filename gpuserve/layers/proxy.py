@@ -2,8 +2,8 @@
 
 vLLM checks its key only on /v1 (/invocations, /metrics, /tokenize, /scale_elastic_ep stay open),
 so remote clients go through this proxy: clients reach only the inference routes, every other
-route needs an operator key or an operator network, and /health, which load balancers poll, is
-open and answers 503 while a rollout has the host out of rotation (gpuserve/proxy_conf.py).
+route needs an operator key (the monitoring routes: or a peer in an operator network), and
+/health, which load balancers poll, is open and answers 503 while a rollout has the host out of rotation (gpuserve/proxy_conf.py).
 Client keys live only here: rotating them is an nginx reload, never an engine restart. The engine
 gets its own key, made on the host, which the proxy adds to each request. No secret is uploaded
 with files.put (its --diff would print it): gpuserve/layers/secrets_ops.py.

@@ -6,6 +6,8 @@ run; its steps reach the hosts through these two functions, never through an unb
 
 from __future__ import annotations
 
+from io import StringIO
+
 import gevent
 from pyinfra.api import StringCommand
 
@@ -50,6 +52,26 @@ def run(h, command: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
 
 
 MISSING = "__gpuserve_missing_command__"
+
+
+def put_text(h, path: str, text: str, timeout: float = COMMAND_TIMEOUT_S) -> None:
+    """Write a public file (never a secret) on ``h`` atomically, 0644: uploaded over SFTP as
+    ``<path>.gpuserve-tmp``, then renamed. Unlike content in a command line, it has no size limit
+    (a command line ends at 128 KiB: the gateway's CA file of about 80 hosts' certificates).
+    Raises MoveFailed, naming the host and the file."""
+    tmp = f"{path}.gpuserve-tmp"
+    try:
+        with gevent.Timeout(timeout):
+            ok = h.put_file(StringIO(text), tmp, **escalation(h))
+    except (gevent.Timeout, TimeoutError):
+        raise MoveFailed(f"{h.name}: uploading {path} got no answer in {timeout:.0f} s; is the host "
+                         "reachable?") from None
+    except Exception as exc:   # the connection itself failed
+        raise MoveFailed(f"{h.name}: uploading {path} failed on the connection "
+                         f"({type(exc).__name__}: {exc}); is the host reachable?") from None
+    if not ok:
+        raise MoveFailed(f"{h.name}: uploading {path} failed (pyinfra's log above says why)")
+    run(h, f"chmod 644 {tmp} && mv -f {tmp} {path}", timeout)
 
 
 def fact(h, cls, timeout: float = COMMAND_TIMEOUT_S, **kwargs):

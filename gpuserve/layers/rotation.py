@@ -16,7 +16,6 @@ is out of a gateway that may still send to it. docs/gateway.md, "Rollouts".
 
 from __future__ import annotations
 
-import base64
 import time
 
 import gevent.lock
@@ -26,7 +25,7 @@ from pyinfra.context import ctx_state
 from gpuserve import gateway, rollout
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers.context import all_settings
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, run, shell
+from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
 from gpuserve.service import probe_url
 
 DRAIN_POLL_S = 1.0
@@ -62,9 +61,7 @@ def _set_worker(gh, wid: str, present: bool) -> None:
         every = serving_workers(ctx_state.get().inventory, all_settings())
         keep = set(current) | {wid} if present else set(current) - {wid}
         text = gateway.manifest(every, without=[w.id for w in every if w.id not in keep])
-        b64 = base64.b64encode(text.encode()).decode()
-        tmp = f"{gateway.WORKERS_FILE}.gpuserve-tmp"
-        run(gh, f"echo {b64} | base64 -d > {tmp} && chmod 644 {tmp} && mv -f {tmp} {gateway.WORKERS_FILE}")
+        put_text(gh, gateway.WORKERS_FILE, text)
 
 
 def _states(gh, g) -> dict[str, dict]:

@@ -68,14 +68,32 @@ After=network-online.target gpuserve-%i.service
 ExecStart=/usr/bin/python3 {PROGRAM} {layout.ETC_DIR}/%i/watchdog.json
 Restart=always
 RestartSec=5
+# root without capabilities: what it reads and writes is root's, and systemd takes a restart
+# from uid 0 over its socket
+CapabilityBoundingSet=
+AmbientCapabilities=
 NoNewPrivileges=yes
 PrivateTmp=yes
+PrivateDevices=yes
 ProtectHome=yes
 ProtectSystem=strict
 ReadWritePaths=-{monitoring.TEXTFILE_DIR} -{proxy_conf.NGINX_DIR}
 ProtectKernelTunables=yes
 ProtectKernelModules=yes
+ProtectKernelLogs=yes
 ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+ProtectProc=invisible
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallErrorNumber=EPERM
 
 [Install]
 WantedBy=multi-user.target

@@ -43,9 +43,7 @@ CANARY = ["--data", f"canary_bake_s={BAKE_S}", "--data", "canary_ttft_p95_ratio_
 def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
     first, second, monitor = make_hosts(["cpu", "cpu", "monitor"])
     files = tmp_path_factory.mktemp("canary")
-    keys = files / "operator-keys"
-    keys.write_text(OPERATOR_KEY + "\n")
-    keys.chmod(0o600)
+    keys = view.operator_keys_file(files, OPERATOR_KEY)
     data = ["--data", f"operator_keys_file={keys}", "--data", "monitor_scrape_interval_s=5",
             "--data", "watchdog_probe_timeout_s=120", "--data", "alert_nvme_free_gib=1"]
     return {"serving": [first, second], "monitor": monitor, "certs": files, "data": data,

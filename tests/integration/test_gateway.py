@@ -27,10 +27,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def fleet(make_hosts, sandbox, sandbox_hub, tmp_path_factory):
-    from gpuserve_sandbox.services import ensure_gateway_wheelhouse
-
-    ensure_gateway_wheelhouse()
-    hosts = make_hosts(["cpu", "cpu", "gateway"])
+    hosts = make_hosts(["cpu", "cpu", "gateway"])   # smg's wheel set comes with the gateway host
     return {"serving": hosts[:2], "gateway": hosts[2], "key": fleet_view.client_key(sandbox),
             "certs": tmp_path_factory.mktemp("certs")}
 

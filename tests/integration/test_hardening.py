@@ -56,9 +56,7 @@ OPERATOR_KEY = "sandbox-operator-key-0123456789ABCDEFabcdef"
 def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
     hosts = make_hosts(["hopper_x8"])
     files = tmp_path_factory.mktemp("hardening")
-    operator_keys = files / "operator-keys"
-    operator_keys.write_text(OPERATOR_KEY + "\n")
-    operator_keys.chmod(0o600)      # a key file readable by others is refused at plan time
+    operator_keys = fleet_view.operator_keys_file(files, OPERATOR_KEY)
     return {"host": hosts[0], "certs": files, "key": fleet_view.client_key(sandbox),
             # per-key limits low enough to hit (group_data/sandbox.py sets them high for the load loops)
             "data": ["--data", f"operator_keys_file={operator_keys}", "--data", "proxy_rate_per_key=10",
@@ -164,10 +162,14 @@ def test_route_matrix_clients_reach_only_the_inference_api(fleet, converged, san
         print("\nroute matrix (operator key: GET, to be forwarded without acting)\n" + "\n".join(lines))
         print(f"{tried} tried, {tried - len(unexpected)} as expected")
     assert not unexpected, unexpected
-    # the host itself (proxy_operator_networks: loopback) reaches the operator routes without a key
-    out = sandbox.ssh(fleet["host"], f"curl -sk -o /dev/null -w '%{{http_code}}' -m 10 "
-                                     f"https://127.0.0.1:{PORT}/metrics").stdout
-    assert out == "200"
+    # the host itself (proxy_operator_networks: loopback) reads the monitoring routes without a
+    # key, and nothing else: no inference, no control
+    for method, path, want in (("GET", "/metrics", "200"), ("GET", "/version", "200"),
+                               ("POST", "/invocations", "401"), ("POST", "/scale_elastic_ep", "401"),
+                               ("GET", "/openapi.json", "401")):
+        out = sandbox.ssh(fleet["host"], f"curl -sk -o /dev/null -w '%{{http_code}}' -m 10 -X {method} "
+                                         f"https://127.0.0.1:{PORT}{path}").stdout
+        assert out == want, (method, path, out)
 
 
 def test_a_client_key_cannot_reach_operator_routes_through_dot_segments(fleet, converged, sandbox):
@@ -388,7 +390,8 @@ def _curl_as(sandbox, h, user: str, method: str, url: str, body: str | None) -> 
 
 def test_local_users_get_no_answer_from_the_engine_port(fleet, converged, sandbox):
     """Finding 6 (the host half): vLLM's key covers only /v1, so on the host only the proxy (and
-    root, and the engine's own user) may open the engine's port; other local users get a reset."""
+    root, and the engine's own user) may open the engine's port; other local users get a reset,
+    and through the proxy on loopback (an operator network) they read /metrics and nothing else."""
     h = fleet["host"]
     assert ENGINE_PORT == 8000 and f"127.0.0.1:{ENGINE_PORT}" in sandbox.ssh(h, "ss -ltn").stdout
     for user in ("nobody", LOGIN_USER):
@@ -399,6 +402,9 @@ def test_local_users_get_no_answer_from_the_engine_port(fleet, converged, sandbo
             code, rc = _curl_as(sandbox, h, user, method, f"http://127.0.0.1:{ENGINE_PORT}{path}", body)
             # 7: connection refused, 56: reset; "000": no HTTP answer at all
             assert code == "000" and rc in (7, 56), (user, method, path, code, rc)
+            # nor through the proxy on loopback (an operator network): only metrics without a key
+            code, rc = _curl_as(sandbox, h, user, method, f"https://127.0.0.1:{PORT}{path}", body)
+            assert code == ("200" if path == "/metrics" else "401"), (user, method, path, code, rc)
     # root (gpuserve's gate, status, drain checks, watchdog) and the engine's own user still do
     for user in ("root", layout.SERVICE_USER):
         code, rc = _curl_as(sandbox, h, user, "GET", f"http://127.0.0.1:{ENGINE_PORT}/metrics", None)

@@ -33,9 +33,7 @@ OPERATOR_KEY = "sandbox-operator-monitor-0123456789ABCDEFabcdef"
 def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
     serving, gateway, monitor = make_hosts(["cpu", "gateway", "monitor"])
     files = tmp_path_factory.mktemp("monitoring")
-    keys = files / "operator-keys"
-    keys.write_text(OPERATOR_KEY + "\n")
-    keys.chmod(0o600)
+    keys = fleet_view.operator_keys_file(files, OPERATOR_KEY)
     # a generous probe timeout: on a loaded 2-core machine a 1-token completion can take long;
     # this test is about the stall path
     data = ["--data", f"operator_keys_file={keys}", "--data", "monitor_scrape_interval_s=5",

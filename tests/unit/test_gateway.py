@@ -71,6 +71,8 @@ def test_a_host_of_the_gateway_group_with_hardware_serves_and_routes():
     ("gateway_metrics_host", "0.0.0.0", "0.0.0.0 is every interface"),
     ("gateway_sticky_header", "x session", "'x session' is not a header name"),
     ("gateway_health_interval_s", 0, "0 is not allowed"),
+    ("gateway_health_failures", 0, "0 is not allowed"),
+    ("gateway_health_failures", 11, "11 is not allowed"),
     ("smg_version", 1.13, "1.13 is not a version"),
 ])
 def test_bad_gateway_settings_name_the_host_the_group_and_the_key(key, value, expect):
@@ -131,6 +133,9 @@ def test_smg_gets_no_secret_and_listens_on_loopback_only():
                    for a in argv)
     assert argv[argv.index("--routing-key-headers") + 1] == "x-session-id"
     assert argv[argv.index("--balance-abs-threshold") + 1] == "4"
+    # a dead worker leaves after one failed check (smg's default: three)
+    assert argv[argv.index("--health-check-interval-secs") + 1] == "5"
+    assert argv[argv.index("--health-failure-threshold") + 1] == "1"
     unit = gateway.unit(g, "/opt/gpuserve/gateway/smg-1.13.0-py3.12")
     assert "DynamicUser=yes" in unit and "ProtectSystem=strict" in unit
 
@@ -176,3 +181,38 @@ def test_the_plan_shows_what_a_gateway_host_runs():
     doc = json.loads(render_plan(settings, "json"))
     assert {"host": "gw1", "serves": False}.items() <= doc[-1].items()
     assert "gw1" not in render_plan(settings, "argv")
+
+
+def test_the_converge_waits_for_smg_and_fails_when_it_does_not_answer():
+    """gpuserve.layers.gateway.smg_ready_command, run here against loopback: a started smg that
+    exits at once (a file it cannot read) only shows later, so the converge waits for its API."""
+    import http.server
+    import socket
+    import subprocess
+    import threading
+
+    from gpuserve.layers.gateway import smg_ready_command
+
+    class Live(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/liveness" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Live)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        up = subprocess.run(["bash", "-c", smg_ready_command(server.server_address[1], seconds=5)],
+                            capture_output=True, text=True, timeout=30)
+    finally:
+        server.shutdown()
+    assert up.returncode == 0, up.stderr
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = subprocess.run(["bash", "-c", smg_ready_command(port, seconds=2)], capture_output=True,
+                          text=True, timeout=30)
+    assert down.returncode == 1
+    assert f"smg did not answer on 127.0.0.1:{port} within 2 s; its journal:" in down.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
@@ -40,20 +41,40 @@ def test_key_patterns_are_exact_and_case_sensitive():
 
 def test_clients_reach_only_the_inference_routes_and_everything_else_is_operator_only():
     locations = _locations(_conf())
-    client = [loc for loc in locations if loc not in ("= /health", "/")]
+    client = [loc for loc in locations
+              if loc not in ("= /health", "/") and loc not in proxy_conf.MONITOR_ROUTES]
     assert [loc for loc, _ in proxy_conf.CLIENT_ROUTES] == client
     for loc in client:
         assert 'if ($gpuserve_minimax_key = "") {\n            return 401' in locations[loc]
-    for route in ("/metrics", "/scale_elastic_ep", "/docs", "/openapi.json", "/load", "/version",
-                  "/sleep", "/collective_rpc", "/reset_prefix_cache", "/invocations"):
+    for route in ("/scale_elastic_ep", "/docs", "/openapi.json", "/sleep", "/collective_rpc",
+                  "/reset_prefix_cache", "/invocations", "/ping", "/v1/chat/completions/batch"):
         assert f"= {route}" not in locations      # falls to location /, the operator block
     operator = locations["/"]
     assert "if ($gpuserve_minimax_operator = 403)" in operator
     assert "if ($gpuserve_minimax_operator = 401)" in operator
     conf = _conf()
-    # an operator key, or a peer in the operator networks; a client key is 403, none 401
-    assert "    ~^o 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n" in conf
+    # every other route: an operator key, whatever the peer; a client key is 403, none 401
+    assert ("map $gpuserve_minimax_key $gpuserve_minimax_operator {\n"
+            "    ~^o 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
     assert "    127.0.0.1/32 1;\n" in conf
+
+
+def test_operator_networks_read_only_the_monitoring_routes_without_a_key():
+    """A peer in proxy_operator_networks (loopback by default: every local user) may read
+    metrics, version and load, and gets no inference (/invocations) or control without a key."""
+    locations = _locations(_conf())
+    assert proxy_conf.MONITOR_ROUTES == ("= /metrics", "= /version", "= /load")
+    for loc in proxy_conf.MONITOR_ROUTES:
+        assert "if ($gpuserve_minimax_monitor = 401)" in locations[loc]
+        assert "if ($gpuserve_minimax_monitor = 403)" in locations[loc]
+        assert "_operator" not in locations[loc]
+    assert "_monitor" not in locations["/"]
+    conf = _conf()
+    # an operator key, or a peer in the operator networks; a client key is 403, none 401
+    assert ('map "$gpuserve_minimax_key:$gpuserve_minimax_opnet" $gpuserve_minimax_monitor {\n'
+            "    ~^o 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
+    # the operator networks decide nothing else
+    assert conf.count("$gpuserve_minimax_opnet") == 2
 
 
 def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():
@@ -149,6 +170,37 @@ def test_engine_unit_is_confined_but_keeps_its_gpus():
     assert "IPAddressDeny" not in _unit([], loopback_only=False)   # a trusted network beyond loopback
     amd = _unit(["/dev/kfd", "char-drm"])
     assert "DeviceAllow=/dev/kfd rw\nDeviceAllow=char-drm rw\n" in amd
+
+
+def _exposure(tmp_path, name: str, text: str) -> float:
+    """systemd's own score of a unit file (`systemd-analyze security --offline`, systemd 252)."""
+    (tmp_path / name).write_text(text)
+    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", f"./{name}"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out)[1])
+
+
+def test_every_gpuserve_unit_scores_3_or_less(tmp_path):
+    """Issue 12: `systemd-analyze security` 3.0 or less for every unit gpuserve writes. The
+    engine's is checked on a converged host too (tests/integration/test_hardening.py); nginx's
+    drop-in needs Debian's unit beside it, so there only."""
+    from gpuserve import engine_guard
+    from gpuserve.config import validate_inventory
+    from gpuserve.gateway import unit as gateway_unit
+    from gpuserve.layers import watchdog
+
+    from .test_gateway import fleet as gateway_fleet
+
+    g = validate_inventory(gateway_fleet())["gw1"].gateway
+    units = {
+        "gpuserve-minimax.service": _unit(["char-nvidia-frontend", "/dev/nvidiactl"]),
+        "gpuserve-cpu.service": _unit([], loopback_only=True),
+        "gpuserve-engine-guard.service": engine_guard.unit_text(),
+        "gpuserve-watchdog@.service": watchdog.unit_text(),
+        "gpuserve-gateway.service": gateway_unit(g, "/opt/gpuserve/envs/smg-1.13.0-py3.11"),
+    }
+    scores = {name: _exposure(tmp_path, name, text) for name, text in units.items()}
+    assert all(score <= 3.0 for score in scores.values()), scores
 
 
 @pytest.mark.parametrize("bind, engine, listen, server", [

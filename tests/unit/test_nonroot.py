@@ -66,6 +66,41 @@ def test_rollout_commands_run_with_the_hosts_sudo_settings(data, want):
     assert h.kwargs == {**want, "_timeout": remote.COMMAND_TIMEOUT_S}
 
 
+class UploadHost(Host):
+    """Also records uploads (pyinfra's Host.put_file) and the commands run after them."""
+
+    def __init__(self, data, upload_ok=True):
+        super().__init__(data)
+        self.uploads, self.commands, self.upload_ok = [], [], upload_ok
+
+    def put_file(self, io, remote, **kwargs):
+        self.uploads.append((io.read(), remote, kwargs))
+        return self.upload_ok
+
+    def run_shell_command(self, command, **kwargs):
+        self.commands.append(str(command))
+        return super().run_shell_command(command, **kwargs)
+
+
+def test_a_public_file_is_uploaded_not_put_in_a_command_line_then_renamed():
+    """gpuserve.layers.remote.put_text: a 200 KiB file (the gateway's CA file of about 100 hosts'
+    certificates) would not fit a command line (128 KiB); it travels over SFTP, with sudo."""
+    h = UploadHost({"_sudo": True})
+    text = "x" * 200_000
+    remote.put_text(h, "/etc/gpuserve-gateway/workers-ca.pem", text)
+    assert h.uploads == [(text, "/etc/gpuserve-gateway/workers-ca.pem.gpuserve-tmp", {"_sudo": True})]
+    assert h.commands == ["chmod 644 /etc/gpuserve-gateway/workers-ca.pem.gpuserve-tmp && mv -f "
+                          "/etc/gpuserve-gateway/workers-ca.pem.gpuserve-tmp /etc/gpuserve-gateway/workers-ca.pem"]
+    assert all(len(c) < 1000 for c in h.commands)
+
+
+def test_a_failed_upload_names_the_host_and_the_file_and_renames_nothing():
+    h = UploadHost({}, upload_ok=False)
+    with pytest.raises(remote.MoveFailed, match="h1: uploading /etc/x failed"):
+        remote.put_text(h, "/etc/x", "text")
+    assert h.commands == []
+
+
 # -- secret files through sudo (gpuserve.layers.secrets_ops) ------------------------------------
 
 class OpHost:

@@ -271,7 +271,7 @@ def _gateway_fields() -> dict:
     from gpuserve import gateway
     return {"bind": "0.0.0.0", "port": 9443, "smg_port": 30000, "metrics_host": "127.0.0.1",
             "metrics_port": 29000, "policy": "round_robin", "balance_abs_threshold": 4,
-            "balance_rel_threshold": 1.2, "sticky_header": None, "health_interval_s": 5,
+            "balance_rel_threshold": 1.2, "sticky_header": None, "health_interval_s": 5, "health_failures": 1,
             "smg_version": gateway.SMG_VERSION, "workers_ca_file": None, "addresses": ()}
 
 
