@@ -44,11 +44,16 @@ def _override_data(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 
 def load_inventory(path: str, override_data: dict[str, Any] | None = None) -> Inventory:
-    """pyinfra's CLI loader: group_data/ from the cwd and from beside the inventory."""
+    """pyinfra's CLI loader: group_data/ from the cwd and from beside the inventory. The cwd
+    goes on sys.path as pyinfra's CLI puts it, so a config repo's own helper modules import
+    the same under ``gpuserve plan`` as under pyinfra (docs/config-repo.md)."""
     from pyinfra_cli.inventory import make_inventory  # imported late: it gevent-patches
 
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
     with ctx_state.use(State()):
-        return make_inventory(path, override_data=override_data, cwd=os.getcwd())
+        return make_inventory(path, override_data=override_data, cwd=cwd)
 
 
 def profile_inventory(profile: str, override_data: dict[str, Any] | None = None) -> Inventory:

@@ -122,3 +122,18 @@ def test_plan_from_outside_the_config_repo_says_why_every_host_is_refused(tmp_pa
     monkeypatch.chdir(REPO)   # from the root: group data found, the plan passes, no note
     result = CliRunner().invoke(plan, ["inventories/prod.py"])
     assert result.exit_code == 0 and "note:" not in result.output
+
+
+def test_plan_imports_the_config_repos_own_modules_as_pyinfra_does(tmp_path, monkeypatch):
+    """pyinfra puts the directory it runs in on sys.path; gpuserve plan does the same."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    shutil.copytree(REPO / "inventories", tmp_path / "inventories")
+    shutil.copytree(REPO / "group_data", tmp_path / "group_data")
+    (tmp_path / "fleet_pins.py").write_text('REVISION = "' + "ab" * 20 + '"\n')
+    (tmp_path / "group_data" / "prod.py").write_text(
+        "from fleet_pins import REVISION\n\nmodel_revision = REVISION\n"
+        'api_keys_file = "secrets/prod-api-keys"\n')
+    settings = _settings(tmp_path, monkeypatch)
+    assert {s.model_revision for s in settings.values()} == {"ab" * 20}
