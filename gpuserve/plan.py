@@ -16,6 +16,7 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
 from gpuserve import recipes
+from gpuserve.config_repo import no_group_data_hint
 from gpuserve.config import ConfigError, HostSettings, validate_inventory
 from gpuserve.recipes import ServeConfig
 
@@ -43,11 +44,16 @@ def _override_data(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 
 def load_inventory(path: str, override_data: dict[str, Any] | None = None) -> Inventory:
-    """pyinfra's CLI loader: group_data/ from the cwd and from beside the inventory."""
+    """pyinfra's CLI loader: group_data/ from the cwd and from beside the inventory. The cwd
+    goes on sys.path as pyinfra's CLI puts it, so a config repo's own helper modules import
+    the same under ``gpuserve plan`` as under pyinfra (docs/config-repo.md)."""
     from pyinfra_cli.inventory import make_inventory  # imported late: it gevent-patches
 
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
     with ctx_state.use(State()):
-        return make_inventory(path, override_data=override_data, cwd=os.getcwd())
+        return make_inventory(path, override_data=override_data, cwd=cwd)
 
 
 def profile_inventory(profile: str, override_data: dict[str, Any] | None = None) -> Inventory:
@@ -220,5 +226,8 @@ def plan(inventory: str | None, profile: str | None, fmt: str, data: tuple[str, 
             click.echo(errors_json(error))
         else:
             click.echo(str(error), err=True)
+        hint = None if inventory is None else no_group_data_hint(inventory, os.getcwd())
+        if hint:   # a run from outside the config repo (docs/config-repo.md)
+            click.echo(hint, err=True)
         sys.exit(1)
     click.echo(output)

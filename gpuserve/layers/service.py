@@ -30,7 +30,7 @@ from gpuserve.service import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command
                               secrets_env_path, tools_enabled)
 
 GATE_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-gate"
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"   # inside the package: a wheel ships it
 
 
 def unit_path(deployment: str) -> str:

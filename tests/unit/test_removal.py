@@ -136,7 +136,8 @@ def test_decommission_is_refused_naming_every_host_without_the_opt_in():
 
 
 def test_the_unit_marker_is_the_templates_first_line():
-    first = Path("templates/gpuserve.service.j2").read_text().splitlines()[0]
+    from gpuserve.layers.service import TEMPLATES
+    first = (TEMPLATES / "gpuserve.service.j2").read_text().splitlines()[0]
     assert first == removal.UNIT_MARKER
 
 

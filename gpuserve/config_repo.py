@@ -1,0 +1,30 @@
+"""Where a config repo's files are found (docs/config-repo.md, "What resolves against what").
+
+Pure: the same folders pyinfra 3's CLI reads group data from (pyinfra_cli.inventory.
+make_inventory_from_files), so ``gpuserve plan`` can say why a run from the wrong directory finds
+none, instead of refusing every host for keys it never saw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def group_data_dirs(inventory: str, cwd: str) -> list[Path]:
+    """The group_data folders pyinfra reads for ``inventory`` run in ``cwd``, in its order: the
+    one in the directory it runs in, then the one beside the inventory file (if different)."""
+    dirs = [Path(cwd) / "group_data"]
+    beside = Path(cwd, inventory).parent.resolve()
+    if str(beside) != cwd:
+        dirs.append(beside / "group_data")
+    return dirs
+
+
+def no_group_data_hint(inventory: str, cwd: str) -> str | None:
+    """A line for the operator when none of those folders exists (None when one does)."""
+    dirs = group_data_dirs(inventory, cwd)
+    if any(d.is_dir() for d in dirs):
+        return None
+    return (f"note: no group data was read: neither {' nor '.join(map(str, dirs))} exists, so every "
+            "host has only gpuserve's defaults. Run from your config repo's root (pyinfra: "
+            "--chdir DIR); docs/config-repo.md")

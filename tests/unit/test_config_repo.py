@@ -1,0 +1,139 @@
+"""A config repo of its own (docs/config-repo.md): what the package ships, and that no default
+lives only in this repository's group_data/all.py."""
+
+from __future__ import annotations
+
+import runpy
+import shutil
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from setuptools import find_namespace_packages
+
+import gpuserve.deploys as packaged
+from gpuserve import config, stack
+from gpuserve.plan import load_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULTS = {**stack.DEFAULTS, **config.DEPLOYMENT_DEFAULTS, **config.HOST_DEFAULTS}
+
+
+def test_every_deploy_of_the_repository_is_packaged():
+    shipped = packaged.names()
+    assert shipped == sorted(p.stem for p in (REPO / "deploys").glob("*.py") if not p.stem.startswith("_"))
+    assert "serve" in shipped and "upgrade" in shipped
+    assert packaged.path("serve") == packaged.path("serve.py")
+    assert packaged.path("serve").read_text() == (REPO / "deploys" / "serve.py").read_text()
+
+
+def test_an_unknown_deploy_names_the_shipped_ones():
+    with pytest.raises(ValueError, match=r"ships no deploy 'serv'; it ships: decommission, .*serve"):
+        packaged.path("serv")
+
+
+def test_python_m_prints_a_deploy_path(capsys):
+    assert packaged.main(["serve"]) == 0
+    assert capsys.readouterr().out.strip() == str(packaged.path("serve"))
+    assert packaged.main(["nope"]) == 2
+    assert packaged.main([]) == 0
+    assert "upgrade" in capsys.readouterr().out.split()
+
+
+def test_the_package_list_holds_every_subpackage():
+    """pyproject lists the packages (gpuserve.deploys lives in deploys/): none may be forgotten."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    code = {p for p in find_namespace_packages(str(REPO), include=["gpuserve*", "gpuserve_sandbox*"])
+            if any((REPO / p.replace(".", "/")).glob("*.py"))}
+    assert code - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert listed - code == {"gpuserve.deploys"}
+
+
+def test_the_files_deploys_read_are_inside_the_package():
+    from gpuserve.layers import service, watchdog
+
+    pkg = Path(config.__file__).resolve().parent
+    for f in (service.TEMPLATES / "gpuserve.service.j2", service.GATE_SRC, watchdog.PROGRAM_SRC):
+        assert f.is_file() and f.resolve().is_relative_to(pkg), f
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
+    assert "templates/*" in data and "files/*" in data
+
+
+def test_group_data_all_holds_no_default_of_its_own():
+    """Every value this repo's group_data/all.py sets is gpuserve's own default: a config repo
+    without it loses nothing."""
+    all_py = runpy.run_path(str(REPO / "group_data" / "all.py"))
+    for key, value in all_py.items():
+        if key.startswith("__"):
+            continue
+        assert key in DEFAULTS, f"group_data/all.py sets {key}, which is no gpuserve key"
+        assert value == DEFAULTS[key], f"group_data/all.py: {key} = {value!r}, the package's is {DEFAULTS[key]!r}"
+
+
+def _settings(root: Path, monkeypatch) -> dict:
+    monkeypatch.chdir(root)
+    return {h.name: config.load_host(h) for h in load_inventory("inventories/prod.py")}
+
+
+def test_prod_plans_the_same_without_group_data_all(tmp_path, monkeypatch):
+    """The example fleet, planned from a copy of its inventory and group data without all.py,
+    gets exactly the settings it gets here (values and, but for 'group all', their sources)."""
+    here = _settings(REPO, monkeypatch)
+    repo = tmp_path / "fleet"
+    shutil.copytree(REPO / "inventories", repo / "inventories")
+    shutil.copytree(REPO / "group_data", repo / "group_data")
+    (repo / "group_data" / "all.py").unlink()
+    there = _settings(repo, monkeypatch)
+    assert here.keys() == there.keys() and len(here) == 5
+    for name, s in here.items():
+        assert _values(there[name]) == _values(s), name
+
+
+def _values(s: config.HostSettings) -> dict:
+    """The settings without where each came from (a key all.py set is a 'gpuserve default' now)."""
+    values = {k: v for k, v in vars(s).items() if k not in ("sources", "deployments")}
+    values["deployments"] = [replace(d, origins={}) for d in s.deployments]
+    return values
+
+
+def test_group_data_dirs_are_pyinfras():
+    """The folders pyinfra's own loader reads, in its order (pyinfra_cli.inventory)."""
+    from gpuserve.config_repo import group_data_dirs
+
+    assert group_data_dirs("inventories/prod.py", "/r") == [Path("/r/group_data"),
+                                                            Path("/r/inventories/group_data")]
+    assert group_data_dirs("prod.py", "/r") == [Path("/r/group_data")]
+    assert group_data_dirs("/x/fleet/inventories/prod.py", "/r") == [
+        Path("/r/group_data"), Path("/x/fleet/inventories/group_data")]
+
+
+def test_plan_from_outside_the_config_repo_says_why_every_host_is_refused(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from gpuserve.plan import plan
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(plan, [str(REPO / "inventories" / "prod.py")])
+    assert result.exit_code == 1
+    assert "gpu_model (from gpuserve default)" in result.output
+    assert (f"note: no group data was read: neither {tmp_path}/group_data nor {REPO}/inventories/"
+            "group_data exists") in result.output
+    monkeypatch.chdir(REPO)   # from the root: group data found, the plan passes, no note
+    result = CliRunner().invoke(plan, ["inventories/prod.py"])
+    assert result.exit_code == 0 and "note:" not in result.output
+
+
+def test_plan_imports_the_config_repos_own_modules_as_pyinfra_does(tmp_path, monkeypatch):
+    """pyinfra puts the directory it runs in on sys.path; gpuserve plan does the same."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    shutil.copytree(REPO / "inventories", tmp_path / "inventories")
+    shutil.copytree(REPO / "group_data", tmp_path / "group_data")
+    (tmp_path / "fleet_pins.py").write_text('REVISION = "' + "ab" * 20 + '"\n')
+    (tmp_path / "group_data" / "prod.py").write_text(
+        "from fleet_pins import REVISION\n\nmodel_revision = REVISION\n"
+        'api_keys_file = "secrets/prod-api-keys"\n')
+    settings = _settings(tmp_path, monkeypatch)
+    assert {s.model_revision for s in settings.values()} == {"ab" * 20}
