@@ -467,9 +467,9 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
         c.problem("engine_version", f"{version!r} is not a version like '0.33.0' (a string)")
         version = None
     index = c.get("engine_index")
-    if index is not None and not (isinstance(index, str)
-                                  and re.fullmatch(r"(https?|file)://\S+", index)):
-        c.problem("engine_index", f"{index!r} is not an index URL (https://..., file://...)")
+    why = url_problem(index, file_ok=True) if index is not None else None
+    if why:  # printed by the plan, kept in the engine record and on uv's command line
+        c.problem("engine_index", why)
         index = None
     python = _python_version(c)
     backend = c.get("torch_backend")

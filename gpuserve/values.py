@@ -13,7 +13,7 @@ import re
 import stat
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 # A host path gpuserve writes into or names in a unit: plain characters only (an env file or
 # ReadWritePaths= splits on spaces), normalized (no '..'), and not a system directory.
@@ -36,16 +36,29 @@ CONNECTOR_HOST = re.compile(r"@[a-z][a-z0-9_]*(/[A-Za-z0-9._:/@+-]+)?")
 MIN_KEY_LENGTH = 24
 
 
-def url_problem(value: Any) -> str | None:
+# query parameters that carry a secret (a presigned or token URL): printed and written like the rest
+SECRET_QUERY = re.compile(r"(access_?)?token|(api_?)?key|secret|password|passwd|pwd|auth\w*|sig"
+                          r"|signature|credentials?|x-amz-\w+|x-goog-\w+", re.IGNORECASE)
+
+
+def url_problem(value: Any, *, file_ok: bool = False) -> str | None:
     """Why ``value`` is not a plain http(s) URL gpuserve may print and write into non-secret
-    files (None when it is): one line, no spaces, and no credentials in it."""
-    if not isinstance(value, str) or not re.fullmatch(r"https?://[^\s/?#]+[^\s]*", value):
-        return f"{value!r} is not an http(s) URL"
+    files (None when it is): one line, no spaces, and no credentials in it, neither as
+    user:password@ nor as a token in the query. ``file_ok``: a file:// URL is allowed too."""
+    plain = r"https?://[^\s/?#]+[^\s]*" + (r"|file://[^\s]+" if file_ok else "")
+    if not isinstance(value, str) or not re.fullmatch(plain, value):
+        return f"{value!r} is not an http(s) URL" + (" or a file:// URL" if file_ok else "")
     parts = urlsplit(value)
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         return ("holds credentials (user:password@); URLs are printed by `gpuserve plan` and "
                 "written into non-secret files: give the mirror its credentials another way "
                 "(an apt auth.conf, a netrc on the host) and use the plain URL")
+    secret = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)
+              if SECRET_QUERY.fullmatch(name)]
+    if secret:
+        return (f"holds a credential in its query ({', '.join(dict.fromkeys(secret))}=...); URLs "
+                "are printed by `gpuserve plan` and written into non-secret files: give the "
+                "mirror its credentials another way (a netrc on the host) and use the plain URL")
     return None
 
 

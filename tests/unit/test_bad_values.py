@@ -35,16 +35,49 @@ def test_the_same_values_without_the_newline_pass():
 
 
 # -- secrets inside URLs ------------------------------------------------------------------------
-@pytest.mark.parametrize("key", ["hf_endpoint", "cuda_repo_url"])
-def test_credentials_in_a_url_are_refused_and_not_echoed(key):
-    msg = one_problem(make_inventory(host_data={key: "https://user:hunter2-secret@mirror.example/x"}))
+@pytest.mark.parametrize("key", ["hf_endpoint", "cuda_repo_url", "engine_index"])
+@pytest.mark.parametrize("url", ["https://user:hunter2-secret@mirror.example/x",
+                                 "https://hunter2-secret@mirror.example/x",
+                                 "file://user:hunter2-secret@localhost/srv/wheels"])
+def test_credentials_in_a_url_are_refused_and_not_echoed(key, url):
+    msg = one_problem(make_inventory(host_data={key: url}))
+    if url.startswith("file:") and key != "engine_index":
+        assert msg.startswith(f"h1: {key} (from host data): ") and "is not an http(s) URL" in msg
+        return
     assert msg.startswith(f"h1: {key} (from host data): holds credentials (user:password@)")
     assert "hunter2" not in msg
 
 
+@pytest.mark.parametrize("key", ["hf_endpoint", "rocm_repo_url", "engine_index"])
+@pytest.mark.parametrize("query, names", [("?token=hunter2-secret", "token"),
+                                          ("?a=1&API_KEY=hunter2-secret&sig=x", "API_KEY, sig"),
+                                          ("?X-Amz-Signature=hunter2-secret", "X-Amz-Signature")])
+def test_a_credential_in_a_url_query_is_refused_and_not_echoed(key, query, names):
+    msg = one_problem(make_inventory(host_data={key: "https://mirror.example/simple" + query}))
+    assert msg.startswith(f"h1: {key} (from host data): holds a credential in its query "
+                          f"({names}=...)"), msg
+    assert "hunter2" not in msg
+
+
 def test_a_plain_mirror_url_passes():
-    s = settings_of(make_inventory(host_data={"hf_endpoint": "https://mirror.example:8443/hf"}))
+    s = settings_of(make_inventory(host_data={"hf_endpoint": "https://mirror.example:8443/hf",
+                                              "engine_index": "https://w.example/simple?v=2"}))
     assert s.hf_endpoint == "https://mirror.example:8443/hf"
+    assert s.engine_index == "https://w.example/simple?v=2"
+
+
+@pytest.mark.parametrize("index", ["file:///srv/wheels", "file://localhost/srv/wheels",
+                                   "http://10.0.0.5:8080/simple"])
+def test_an_engine_index_may_be_a_file_url(index):
+    assert settings_of(make_inventory(host_data={"engine_index": index})).engine_index == index
+
+
+@pytest.mark.parametrize("index", ["wheels.example/simple", "ftp://w.example/simple",
+                                   "https://w.example/simple\n", "file://", 3])
+def test_an_engine_index_that_is_no_url_is_refused(index):
+    msg = one_problem(make_inventory(host_data={"engine_index": index}))
+    assert msg == (f"h1: engine_index (from host data): {index!r} is not an http(s) URL or a "
+                   "file:// URL")
 
 
 # -- a host in two hardware groups ---------------------------------------------------------------
