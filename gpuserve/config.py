@@ -370,7 +370,11 @@ def _python_version(c: _Checker) -> str | None:
 def _hardware(c: _Checker) -> HardwareProfile | None:
     model = c.get("gpu_model")
     ok = True
-    if model not in GPU_MODELS:
+    if model is not None and not isinstance(model, str):   # a list or a dict: no hash to look up
+        c.problem("gpu_model", f"{model!r} is not allowed; gpu_model is one GPU model's name (a "
+                  f"string), one of {', '.join(GPU_MODELS)}")
+        model, ok = "", False
+    elif model not in GPU_MODELS:
         c.problem("gpu_model", f"unknown GPU model {model!r}; gpuserve knows "
                   f"{', '.join(GPU_MODELS)}" + ("" if model is not None else " (it is not set)"))
         ok = False

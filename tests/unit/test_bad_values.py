@@ -220,6 +220,21 @@ def test_a_private_file_of_long_keys_passes(tmp_path):
     settings_of(make_inventory(host_data={"api_keys_file": str(keys)}))
 
 
+# -- a list or a mapping where one name goes ---------------------------------------------------------
+@pytest.mark.parametrize("value", [["H200"], {"model": "H200"}, {"H200"}])
+def test_a_gpu_model_that_is_a_list_or_mapping_names_its_key(value):
+    msg = one_problem(make_inventory(host_data={"gpu_model": value}))
+    assert msg == (f"h1: gpu_model (from host data): {value!r} is not allowed; gpu_model is one GPU "
+                   "model's name (a string), one of H100, H200, B200, GB200, MI355X, MI350X, cpu")
+
+
+@pytest.mark.parametrize("group", ["monitor", "gateway"])
+def test_a_gpu_model_list_on_a_role_host_names_its_key(group):
+    found = problems_of(make_inventory(group=group, host_data={"gpu_model": ["H200"]}))
+    assert any(p.startswith("h1: gpu_model (from host data): unknown GPU model ['H200']")
+               for p in found), found
+
+
 # -- never a traceback; every host listed -----------------------------------------------------------
 def test_an_unforeseen_failure_names_its_host_and_keeps_the_others(monkeypatch):
     real = config._hardware
