@@ -187,6 +187,56 @@ def test_an_explicit_gpu_set_beside_the_automatic_one_is_checked():
     assert any("GPU 4 is already used by deployment 'a'" in p for p in problems_of(inv))
 
 
+# -- on AMD hosts: HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES too ----------------------------------
+def amd(env: dict, second: dict | None = None):
+    """An MI355X x4 host; with ``second``, two deployments of 2 GPUs each (the second's env)."""
+    if second is None:
+        return make_inventory(group="mi355x_x4", host_data={"serve_env": env})
+    return make_inventory(group="mi355x_x4", host_data={"deployments": {
+        "a": {"serve_flags": {"tensor-parallel-size": 2}, "serve_env": env},
+        "b": {"serve_port": 8001, "serve_flags": {"tensor-parallel-size": 2}, "serve_env": second}}})
+
+
+def test_hip_visible_devices_that_differ_from_the_deployments_gpus_are_refused():
+    # vLLM's ROCm platform raises at import when HIP_ and CUDA_VISIBLE_DEVICES differ
+    msg = one_problem(amd({"HIP_VISIBLE_DEVICES": "0,1,2,9"}))
+    assert msg == ("h1: serve_env.HIP_VISIBLE_DEVICES (from host data): '0,1,2,9' differs from "
+                   "CUDA_VISIBLE_DEVICES '0,1,2,3' (the deployment's GPUs), and vLLM refuses to start "
+                   "when they differ; on ROCm they mean the same: pick the GPUs with "
+                   "CUDA_VISIBLE_DEVICES only")
+
+
+def test_rocr_visible_devices_naming_a_gpu_the_host_lacks():
+    msg = one_problem(amd({"ROCR_VISIBLE_DEVICES": "0,1,2,3,9"}))
+    assert msg.startswith("h1: serve_env.ROCR_VISIBLE_DEVICES (from host data): GPU 9 does not "
+                          "exist: the host has gpu_count 4")
+
+
+def test_rocr_visible_devices_leaving_fewer_gpus_than_the_deployment_picks():
+    found = problems_of(amd({"ROCR_VISIBLE_DEVICES": "7"}))
+    assert found == [
+        "h1: serve_env.ROCR_VISIBLE_DEVICES (from host data): leaves 1 GPU visible ('7'), and "
+        "CUDA_VISIBLE_DEVICES '0,1,2,3' picks GPU 1, 2, 3 of them (counted from 0)",
+        "h1: serve_env.ROCR_VISIBLE_DEVICES (from host data): GPU 7 does not exist: the host has "
+        "gpu_count 4 (GPUs 0-3, from group 'mi355x_x4')"]
+
+
+def test_rocr_visible_devices_count_as_the_host_gpus_between_deployments():
+    # b sees physical GPUs 1,2 as 0,1: GPU 1 is a's (automatic 0,1)
+    found = problems_of(amd({}, {"ROCR_VISIBLE_DEVICES": "1,2", "CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert found == ["h1: deployments.b.serve_env.ROCR_VISIBLE_DEVICES (from host data): GPU 1 is "
+                     "already used by deployment 'a'; give each deployment its own GPUs"]
+
+
+@pytest.mark.parametrize("env, second", [
+    ({"HIP_VISIBLE_DEVICES": "0,1,2,3"}, None),
+    ({"ROCR_VISIBLE_DEVICES": "3,2,1,0"}, None),
+    ({}, {"ROCR_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}),
+])
+def test_amd_gpu_sets_that_fit_pass(env, second):
+    settings_of(amd(env, second))
+
+
 # -- warnings that could change what a host serves ------------------------------------------------
 def test_a_missing_key_file_is_an_error_when_deploying(tmp_path):
     inv = make_inventory(host_data={"api_keys_file": str(tmp_path / "nope")})
