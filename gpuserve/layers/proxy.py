@@ -28,7 +28,6 @@ from gpuserve.layers.context import all_settings
 from gpuserve.service import secrets_env_path
 from gpuserve.values import is_host
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 NGINX_DIR = proxy_conf.NGINX_DIR
 
 
