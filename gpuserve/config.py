@@ -308,6 +308,12 @@ class HostSettings:
         return next(d for d in self.deployments if d.name == name)
 
     @property
+    def uses_gpus(self) -> bool:
+        """Whether the host's recipe serves on GPUs (False for the cpu recipe and role hosts)."""
+        recipe = recipes.RECIPES.get(self.recipe)
+        return recipe is not None and recipe.uses_gpus
+
+    @property
     def checkpoint_dir(self) -> str:
         """Where the weights layer puts this revision, i.e. what the service serves."""
         return layout.checkpoint_dir(self.nvme_path, self.model_repo, self.model_revision or "<unpinned>")
