@@ -40,7 +40,6 @@ DEFAULT_XID_FATAL = (48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120)
 
 CHECKS = ("visible", "persistence", "ecc_mode", "ecc_uncorrectable", "retired_pages_pending",
           "row_remap_failure", "pcie_gen", "pcie_width", "nvlink", "fabric_manager", "xid")
-OPTIONAL_CHECKS = ("dcgm_diag",)   # with `dcgm: True` where dcgmi is installed
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
-from gpuserve.values import (addresses_overlap, host_path_problem, is_loopback, key_file_problem,
-                             url_problem)
+from gpuserve.values import (addresses_overlap, host_name_problem, host_path_problem, is_host,
+                             is_loopback, key_file_problem, url_problem)
 
 if TYPE_CHECKING:
     from pyinfra.api import Host, Inventory
@@ -175,7 +175,6 @@ SHA = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 DEPLOYMENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 VERSION = re.compile(r"\d+(\.\d+)*([a-z0-9.+-]*)")
 
@@ -309,6 +308,12 @@ class HostSettings:
         return next(d for d in self.deployments if d.name == name)
 
     @property
+    def uses_gpus(self) -> bool:
+        """Whether the host's recipe serves on GPUs (False for the cpu recipe and role hosts)."""
+        recipe = recipes.RECIPES.get(self.recipe)
+        return recipe is not None and recipe.uses_gpus
+
+    @property
     def checkpoint_dir(self) -> str:
         """Where the weights layer puts this revision, i.e. what the service serves."""
         return layout.checkpoint_dir(self.nvme_path, self.model_repo, self.model_revision or "<unpinned>")
@@ -371,7 +376,11 @@ def _python_version(c: _Checker) -> str | None:
 def _hardware(c: _Checker) -> HardwareProfile | None:
     model = c.get("gpu_model")
     ok = True
-    if model not in GPU_MODELS:
+    if model is not None and not isinstance(model, str):   # a list or a dict: no hash to look up
+        c.problem("gpu_model", f"{model!r} is not allowed; gpu_model is one GPU model's name (a "
+                  f"string), one of {', '.join(GPU_MODELS)}")
+        model, ok = "", False
+    elif model not in GPU_MODELS:
         c.problem("gpu_model", f"unknown GPU model {model!r}; gpuserve knows "
                   f"{', '.join(GPU_MODELS)}" + ("" if model is not None else " (it is not set)"))
         ok = False
@@ -468,9 +477,9 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
         c.problem("engine_version", f"{version!r} is not a version like '0.33.0' (a string)")
         version = None
     index = c.get("engine_index")
-    if index is not None and not (isinstance(index, str)
-                                  and re.fullmatch(r"(https?|file)://\S+", index)):
-        c.problem("engine_index", f"{index!r} is not an index URL (https://..., file://...)")
+    why = url_problem(index, file_ok=True) if index is not None else None
+    if why:  # printed by the plan, kept in the engine record and on uv's command line
+        c.problem("engine_index", why)
         index = None
     python = _python_version(c)
     backend = c.get("torch_backend")
@@ -541,7 +550,7 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if not isinstance(proxy, bool):
         c.problem("proxy", f"{proxy!r} is not allowed; use True or False")
     bind = c.get("proxy_bind")
-    if not (isinstance(bind, str) and _is_host(bind)):
+    if not (isinstance(bind, str) and is_host(bind)):
         c.problem("proxy_bind", f"{bind!r} is not an IP address or host name")
     tls = {k: c.get(k) for k in ("proxy_tls_cert_file", "proxy_tls_key_file")}
     for key, value in tls.items():
@@ -601,7 +610,7 @@ def _proxy_access(c: _Checker) -> dict[str, Any]:
         c.problem("proxy_server_names", f"{names!r} is not allowed; use a list of host names")
         names = []
     for name in names:
-        if not _is_host(name):
+        if not is_host(name):
             c.problem("proxy_server_names", f"{name!r} is not a host name or address")
     return dict(proxy_limits=MappingProxyType(limits), proxy_operator_networks=tuple(nets),
                 proxy_server_names=tuple(names))
@@ -667,7 +676,7 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
     elif not (isinstance(served, str) and served and not re.search(r"\s", served)):
         bad("served_model_name", f"{served!r} is not allowed; use a name without spaces")
     host_ = values["serve_host"]
-    if not (isinstance(host_, str) and _is_host(host_)):
+    if not (isinstance(host_, str) and is_host(host_)):
         bad("serve_host", f"{host_!r} is not an IP address or host name")
     elif host_ in ("0.0.0.0", "::"):
         c.warnings.append(f"{path}: serve_host {host_} listens on every interface; vLLM's API key "
@@ -771,14 +780,6 @@ def _flag_value_ok(value: Any) -> bool:
             return False
         return True
     return False
-
-
-def _is_host(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-        return True
-    except ValueError:
-        return bool(HOSTNAME.fullmatch(value))
 
 
 def _deployments(c: _Checker, model_repo: str | None,
@@ -902,7 +903,8 @@ def _gpu_stack(c: _Checker) -> stack.StackSettings | None:
 def _hardware_groups(c: _Checker) -> None:
     """A host is one machine: in at most one hardware group (pyinfra would let the later group's
     gpu_model win, and an 8x H200 box would be planned as 4x GB200)."""
-    hardware = [g for g in c.host.groups if g in recipes.RECIPES]
+    # (pyinfra lists a connector's host, @local, in each of its groups twice)
+    hardware = [g for g in dict.fromkeys(c.host.groups) if g in recipes.RECIPES]
     if len(hardware) > 1:
         c.problem("gpu_model", f"the host is in the hardware groups {', '.join(hardware)}; put it "
                   "in exactly one (the group names what the machine is)",
@@ -979,6 +981,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     c = _Checker(host, deploying)
     _unknown_keys(c)
     _login(c)
+    _host_names(c)
     if not _serves(c):
         return _role_host(c)
     _hardware_groups(c)
@@ -1027,6 +1030,24 @@ def check_host(host: Host, *, require_revision: bool = True,
         )
         problems += recipes.check(settings)
     return (None if problems else settings), problems
+
+
+# --- host names (issue 11): they reach commands, nginx files and certificates ----------------------
+
+def _host_names(c: _Checker) -> None:
+    """The inventory's name of the host and its ssh_hostname (pyinfra's key): a host name or an
+    address, nothing a shell or nginx would read as syntax."""
+    why = host_name_problem(c.name, connector=True)
+    if why:
+        c.problem("host name", why + "; gpuserve writes it into nginx files, certificates and "
+                  "commands: rename the host in the inventory", "inventory")
+    ssh = c.host.data.get("ssh_hostname")
+    why = host_name_problem(ssh) if ssh is not None else None
+    if why:
+        c.problem("ssh_hostname", why + "; gpuserve writes it into nginx files, certificates and "
+                  "the gateway's worker URLs", data_source(c.host, "ssh_hostname"))
+
+# --- end of host names ----------------------------------------------------------------------------
 
 
 # --- removal (docs/removal.md) -----------------------------------------------------------------
@@ -1108,7 +1129,7 @@ def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
 def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
     before = len(c.problems)
     bind = c.get("gateway_bind")
-    if not (isinstance(bind, str) and _is_host(bind)):
+    if not (isinstance(bind, str) and is_host(bind)):
         c.problem("gateway_bind", f"{bind!r} is not an IP address or host name")
     ports = {k: c.integer(k, 1024, maximum=65535) for k in
              ("gateway_port", "gateway_smg_port", "gateway_metrics_port")}

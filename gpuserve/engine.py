@@ -29,7 +29,7 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpuserve import layout
+from gpuserve import engine_pins, layout, recipes
 from gpuserve.packages import module_entry_point, normalize, program  # noqa: F401 - engine.normalize is API
 
 if TYPE_CHECKING:
@@ -172,8 +172,6 @@ class EngineSpec:
 def spec_for(settings: HostSettings, wheelset: str | None = None) -> EngineSpec:
     """The engine spec of a host. ``wheelset``: the digest of the wheelhouse set the host
     installs from (``gpuserve.wheelhouse.WheelSet.digest``), None when it uses the index."""
-    from gpuserve import engine_pins, recipes  # config imports this module: keep the cycle lazy
-
     excludes = settings.engine_excludes
     if excludes is None:
         excludes = default_excludes(settings.engine_package)

@@ -737,8 +737,11 @@ def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Pr
                     (f"{path}.CUDA_VISIBLE_DEVICES", source),
                     f"lists {len(given)} GPUs, the deployment's parallel size is {len(gpus)}",
                 )
-        if gpus:
-            _gpu_set_checks(r, dep, env.get("CUDA_VISIBLE_DEVICES", ""), taken)
+        if gpus and r.recipe.rocm:
+            _gpu_set_checks(r, dep, *_rocm_gpu_set(r, dep, env.get("CUDA_VISIBLE_DEVICES", "")),
+                            taken)
+        elif gpus:
+            _gpu_set_checks(r, dep, env.get("CUDA_VISIBLE_DEVICES", ""), "CUDA_VISIBLE_DEVICES", taken)
         problems += r.problems
         secret = {}
         if dep.api_keys_file and settings.engine in SECRET_ENV:
@@ -758,10 +761,41 @@ def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Pr
     return configs, problems
 
 
-def _gpu_set_checks(r: _Render, dep: DeploymentSettings, visible: str, taken: dict[str, str]) -> None:
-    """CUDA_VISIBLE_DEVICES names GPUs the host has, and no GPU serves two deployments."""
-    given = "CUDA_VISIBLE_DEVICES" in dep.serve_env
-    where = ((f"{dep.origin('serve_env')[0]}.CUDA_VISIBLE_DEVICES", dep.origin("serve_env")[1])
+def _rocm_gpu_set(r: _Render, dep: DeploymentSettings, cuda: str) -> tuple[str, str]:
+    """On ROCm: the host's GPUs a deployment runs on, and the serve_env name that picks them.
+    ROCR_VISIBLE_DEVICES picks among the host's GPUs first; HIP numbers what it leaves from 0,
+    and reads CUDA_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES alike (vLLM refuses to start when the
+    two differ: vllm/platforms/rocm.py, _sync_hip_cuda_env_vars)."""
+    path, source = dep.origin("serve_env")
+    hip = dep.serve_env.get("HIP_VISIBLE_DEVICES")
+    if hip is not None and str(hip) != cuda:
+        r.problem((f"{path}.HIP_VISIBLE_DEVICES", source),
+                  f"{str(hip)!r} differs from CUDA_VISIBLE_DEVICES {cuda!r} (the deployment's "
+                  "GPUs), and vLLM refuses to start when they differ; on ROCm they mean the same: "
+                  "pick the GPUs with CUDA_VISIBLE_DEVICES only")
+    rocr = dep.serve_env.get("ROCR_VISIBLE_DEVICES")
+    if rocr is None:
+        return cuda, "CUDA_VISIBLE_DEVICES"
+    left = [g.strip() for g in str(rocr).split(",") if g.strip()]
+    picked = [g.strip() for g in cuda.split(",") if g.strip()]
+    beyond = [g for g in picked if g.isdigit() and int(g) >= len(left)]
+    if beyond:
+        r.problem((f"{path}.ROCR_VISIBLE_DEVICES", source),
+                  f"leaves {len(left)} GPU{'s' if len(left) != 1 else ''} visible ({str(rocr)!r}), "
+                  f"and CUDA_VISIBLE_DEVICES {cuda!r} picks GPU {', '.join(beyond)} of them "
+                  "(counted from 0)")
+    # the host's GPUs the deployment runs on first; every GPU it leaves visible is the
+    # deployment's too (checked to exist, and not to serve another deployment)
+    physical = [left[int(g)] if g.isdigit() else g for g in picked if g not in beyond]
+    return ",".join(dict.fromkeys(physical + left)), "ROCR_VISIBLE_DEVICES"
+
+
+def _gpu_set_checks(r: _Render, dep: DeploymentSettings, visible: str, var: str,
+                    taken: dict[str, str]) -> None:
+    """``visible`` (from serve_env's ``var``, or gpuserve's own) names GPUs the host has, and
+    no GPU serves two deployments."""
+    given = var in dep.serve_env
+    where = ((f"{dep.origin('serve_env')[0]}.{var}", dep.origin("serve_env")[1])
              if given else (f"deployments.{dep.name}", r.s.source("deployments")))
     count = r.s.hardware.gpu_count
     for gpu in (g.strip() for g in visible.split(",") if g.strip()):

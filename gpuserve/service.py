@@ -160,7 +160,7 @@ def desired_releases(settings, spec) -> dict[str, RenderedRelease]:
 
     model_dir = settings.checkpoint_dir
     stack = settings.stack
-    gpu_stack = ({} if settings.recipe == "cpu" or stack.vendor is None else
+    gpu_stack = ({} if not settings.uses_gpus or stack.vendor is None else
                  {"vendor": stack.vendor,
                   "version": stack.driver_version if stack.vendor == "nvidia" else stack.rocm_version})
     out = {}

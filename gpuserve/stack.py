@@ -187,7 +187,7 @@ def settings_from(data: Mapping) -> StackSettings:
     """
     enabled = _bool(data, "gpu_stack")
     model = data.get("gpu_model", DEFAULTS["gpu_model"])
-    if model is not None and model not in GPU_MODELS:
+    if model is not None and (not isinstance(model, str) or model not in GPU_MODELS):
         raise StackConfigError("gpu_model", f"unknown GPU model {model!r}; known: {', '.join(GPU_MODELS)}")
     count = _int(data, "gpu_count", 1 if model not in (None, "cpu") else 0, 16)
     nvswitch = _bool(data, "nvswitch")

@@ -1,5 +1,5 @@
-"""Checks of single values that several settings share: URLs, host paths, listen addresses and
-key files. A leaf: it imports nothing of gpuserve, so config and stack both use it.
+"""Checks of single values that several settings share: URLs, host names, host paths, listen
+addresses and key files. A leaf: it imports nothing of gpuserve, so config and stack both use it.
 
 Each ``*_problem`` returns why a value is refused (a sentence that says what is allowed), or
 None when it is fine. Secrets are never put into a message.
@@ -13,28 +13,79 @@ import re
 import stat
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 # A host path gpuserve writes into or names in a unit: plain characters only (an env file or
 # ReadWritePaths= splits on spaces), normalized (no '..'), and not a system directory.
 HOST_PATH = re.compile(r"/[A-Za-z0-9._/+@-]*")
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run",
                "/sbin", "/sys", "/usr", "/var/lib/dpkg", "/var/lib/apt")
+# An RFC 1123 host name: dot-separated labels of letters, digits and '-' (never first or last), 63
+# characters each at most and 253 in all. Nothing in it a shell, an nginx file or a certificate
+# subject reads as syntax.
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOST_NAME = re.compile(rf"(?=.{{1,253}}\Z){_LABEL}(\.{_LABEL})*")
+# a host's name in an inventory or an ssh config (ssh_hostname) may hold '_' as well (gpu_01)
+_NAME_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+INVENTORY_NAME = re.compile(rf"(?=.{{1,253}}\Z){_NAME_LABEL}(\.{_NAME_LABEL})*")
+# an IPv6 address's zone (fe80::1%eth0) is an interface name: Python's ipaddress takes any text
+ZONE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+# a pyinfra connector's host in the inventory: @local, @docker/ubuntu:24.04, @chroot/srv/root
+CONNECTOR_HOST = re.compile(r"@[a-z][a-z0-9_]*(/[A-Za-z0-9._:/@+-]+)?")
 # api_keys_file: keys at least this long (a short key can be guessed), file private to its owner
 MIN_KEY_LENGTH = 24
 
 
-def url_problem(value: Any) -> str | None:
+# query parameters that carry a secret (a presigned or token URL): printed and written like the rest
+SECRET_QUERY = re.compile(r"(access_?)?token|(api_?)?key|secret|password|passwd|pwd|auth\w*|sig"
+                          r"|signature|credentials?|x-amz-\w+|x-goog-\w+", re.IGNORECASE)
+
+
+def url_problem(value: Any, *, file_ok: bool = False) -> str | None:
     """Why ``value`` is not a plain http(s) URL gpuserve may print and write into non-secret
-    files (None when it is): one line, no spaces, and no credentials in it."""
-    if not isinstance(value, str) or not re.fullmatch(r"https?://[^\s/?#]+[^\s]*", value):
-        return f"{value!r} is not an http(s) URL"
+    files (None when it is): one line, no spaces, and no credentials in it, neither as
+    user:password@ nor as a token in the query. ``file_ok``: a file:// URL is allowed too."""
+    plain = r"https?://[^\s/?#]+[^\s]*" + (r"|file://[^\s]+" if file_ok else "")
+    if not isinstance(value, str) or not re.fullmatch(plain, value):
+        return f"{value!r} is not an http(s) URL" + (" or a file:// URL" if file_ok else "")
     parts = urlsplit(value)
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         return ("holds credentials (user:password@); URLs are printed by `gpuserve plan` and "
                 "written into non-secret files: give the mirror its credentials another way "
                 "(an apt auth.conf, a netrc on the host) and use the plain URL")
+    secret = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)
+              if SECRET_QUERY.fullmatch(name)]
+    if secret:
+        return (f"holds a credential in its query ({', '.join(dict.fromkeys(secret))}=...); URLs "
+                "are printed by `gpuserve plan` and written into non-secret files: give the "
+                "mirror its credentials another way (a netrc on the host) and use the plain URL")
     return None
+
+
+def is_host(value: Any, *, underscore: bool = False) -> bool:
+    """Whether ``value`` is an IP address or an RFC 1123 host name (so safe in a command line,
+    an nginx file or a certificate as it is). ``underscore``: '_' in a label too, as an
+    inventory's or an ssh config's name may have it."""
+    if not isinstance(value, str):
+        return False
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        return bool((INVENTORY_NAME if underscore else HOST_NAME).fullmatch(value))
+    return not isinstance(ip, ipaddress.IPv6Address) or ip.scope_id is None or bool(
+        ZONE.fullmatch(ip.scope_id))
+
+
+def host_name_problem(value: Any, *, connector: bool = False) -> str | None:
+    """Why ``value`` is not a host's name or address (an inventory's name, an ssh_hostname)
+    gpuserve may write into commands, nginx files and certificates; None when it is.
+    ``connector``: a pyinfra connector's name (@local) is allowed too."""
+    if is_host(value, underscore=True) or (
+            connector and isinstance(value, str) and CONNECTOR_HOST.fullmatch(value)):
+        return None
+    return (f"{value!r} is not a host name (letters, digits, '-' and '_' in dot-separated labels, "
+            "e.g. gpu-01.example.internal) or an IP address"
+            + (", or a pyinfra connector like @local" if connector else ""))
 
 
 def key_file_problem(path: Path) -> str | None:

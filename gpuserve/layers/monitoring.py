@@ -25,7 +25,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, monitoring, stack
+from gpuserve import api_keys, certs, monitoring, stack
 from gpuserve.config import HostSettings
 from gpuserve.layers import secrets_ops
 
@@ -101,8 +101,7 @@ def _exporters_tls() -> tuple[str, list]:
     if host.get_fact(File, path=key) is None:
         ops.append(server.shell(
             name="Exporters' self-signed TLS certificate",
-            commands=[f"umask 077; openssl req -x509 -newkey rsa:2048 -nodes -days 825 "
-                      f"-subj '/CN={host.name}' -keyout {key} -out {crt} 2>/dev/null"]))
+            commands=[certs.self_signed(host.name, key, crt)]))
     include = f"{EXPORTERS_DIR}/tls.conf"
     ops.append(files.put(
         name="Exporters' TLS settings", dest=include, user="root", group="root", mode="600",

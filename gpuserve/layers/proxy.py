@@ -11,7 +11,6 @@ with files.put (its --diff would print it): gpuserve/layers/secrets_ops.py.
 
 from __future__ import annotations
 
-import re
 from io import StringIO
 from pathlib import Path
 
@@ -22,13 +21,13 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, gateway, proxy_conf, rollout
+from gpuserve import api_keys, certs, gateway, proxy_conf, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings
 from gpuserve.service import secrets_env_path
+from gpuserve.values import is_host
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 NGINX_DIR = proxy_conf.NGINX_DIR
 
 
@@ -91,7 +90,9 @@ def server_names(settings: HostSettings) -> list[str]:
     if address:
         names.append(str(address))
     names += list(settings.proxy_server_names)
-    return list(dict.fromkeys(names))
+    # nginx reads server_name's words as they are: only host names and addresses (validation
+    # refuses anything else; a pyinfra connector's name like @local is no name a client sends)
+    return [n for n in dict.fromkeys(names) if is_host(n, underscore=True)]
 
 
 @deploy("Proxy")
@@ -180,17 +181,8 @@ def tls_files(settings: HostSettings) -> list:
         ]
     if host.get_fact(File, path=key) is not None:
         return []
-    names = [f"DNS:{host.name}"]
-    address = host.data.get("ssh_hostname") or host.name
-    if re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+", address):
-        names.append(f"IP:{address}")
+    address = str(host.data.get("ssh_hostname") or host.name)
     return [server.shell(
         name="Self-signed TLS certificate (set proxy_tls_cert_file for a real one)",
-        commands=[f"umask 077; openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "
-                  f"'/CN={host.name}' -addext 'subjectAltName={','.join(names)}' "
-                  # a leaf, not a CA: rustls (smg, the gateway) refuses a CA as a server's
-                  # certificate (CaUsedAsEndEntity), and openssl's default makes one
-                  "-addext 'basicConstraints=critical,CA:FALSE' "
-                  "-addext 'keyUsage=critical,digitalSignature,keyEncipherment' "
-                  "-addext 'extendedKeyUsage=serverAuth' "
-                  f"-keyout {key} -out {crt} 2>/dev/null", f"chmod 644 {crt}"])]
+        commands=[certs.self_signed(host.name, key, crt, address=address, leaf=True),
+                  f"chmod 644 {crt}"])]

@@ -200,7 +200,7 @@ def _retention(settings: HostSettings, releases: dict[str, RenderedRelease],
 
 
 def _devices(settings: HostSettings) -> list[str]:
-    vendor = settings.hardware.vendor if settings.recipe != "cpu" else None
+    vendor = settings.hardware.vendor if settings.uses_gpus else None
     if vendor == "nvidia":
         return ["char-nvidia-frontend", "char-nvidia-uvm", "char-nvidia-caps", "char-nvidia-nvswitch",
                 "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
@@ -210,11 +210,11 @@ def _devices(settings: HostSettings) -> list[str]:
 
 
 def _groups(settings: HostSettings) -> list[str]:
-    return ["render", "video"] if settings.recipe != "cpu" and settings.hardware.vendor == "amd" else []
+    return ["render", "video"] if settings.uses_gpus and settings.hardware.vendor == "amd" else []
 
 
 def _after(settings: HostSettings) -> list[str]:
-    if settings.recipe == "cpu" or settings.hardware.vendor != "nvidia":
+    if not settings.uses_gpus or settings.hardware.vendor != "nvidia":
         return []
     units = ["nvidia-persistenced.service"]
     if settings.hardware.nvswitch:

@@ -35,16 +35,49 @@ def test_the_same_values_without_the_newline_pass():
 
 
 # -- secrets inside URLs ------------------------------------------------------------------------
-@pytest.mark.parametrize("key", ["hf_endpoint", "cuda_repo_url"])
-def test_credentials_in_a_url_are_refused_and_not_echoed(key):
-    msg = one_problem(make_inventory(host_data={key: "https://user:hunter2-secret@mirror.example/x"}))
+@pytest.mark.parametrize("key", ["hf_endpoint", "cuda_repo_url", "engine_index"])
+@pytest.mark.parametrize("url", ["https://user:hunter2-secret@mirror.example/x",
+                                 "https://hunter2-secret@mirror.example/x",
+                                 "file://user:hunter2-secret@localhost/srv/wheels"])
+def test_credentials_in_a_url_are_refused_and_not_echoed(key, url):
+    msg = one_problem(make_inventory(host_data={key: url}))
+    if url.startswith("file:") and key != "engine_index":
+        assert msg.startswith(f"h1: {key} (from host data): ") and "is not an http(s) URL" in msg
+        return
     assert msg.startswith(f"h1: {key} (from host data): holds credentials (user:password@)")
     assert "hunter2" not in msg
 
 
+@pytest.mark.parametrize("key", ["hf_endpoint", "rocm_repo_url", "engine_index"])
+@pytest.mark.parametrize("query, names", [("?token=hunter2-secret", "token"),
+                                          ("?a=1&API_KEY=hunter2-secret&sig=x", "API_KEY, sig"),
+                                          ("?X-Amz-Signature=hunter2-secret", "X-Amz-Signature")])
+def test_a_credential_in_a_url_query_is_refused_and_not_echoed(key, query, names):
+    msg = one_problem(make_inventory(host_data={key: "https://mirror.example/simple" + query}))
+    assert msg.startswith(f"h1: {key} (from host data): holds a credential in its query "
+                          f"({names}=...)"), msg
+    assert "hunter2" not in msg
+
+
 def test_a_plain_mirror_url_passes():
-    s = settings_of(make_inventory(host_data={"hf_endpoint": "https://mirror.example:8443/hf"}))
+    s = settings_of(make_inventory(host_data={"hf_endpoint": "https://mirror.example:8443/hf",
+                                              "engine_index": "https://w.example/simple?v=2"}))
     assert s.hf_endpoint == "https://mirror.example:8443/hf"
+    assert s.engine_index == "https://w.example/simple?v=2"
+
+
+@pytest.mark.parametrize("index", ["file:///srv/wheels", "file://localhost/srv/wheels",
+                                   "http://10.0.0.5:8080/simple"])
+def test_an_engine_index_may_be_a_file_url(index):
+    assert settings_of(make_inventory(host_data={"engine_index": index})).engine_index == index
+
+
+@pytest.mark.parametrize("index", ["wheels.example/simple", "ftp://w.example/simple",
+                                   "https://w.example/simple\n", "file://", 3])
+def test_an_engine_index_that_is_no_url_is_refused(index):
+    msg = one_problem(make_inventory(host_data={"engine_index": index}))
+    assert msg == (f"h1: engine_index (from host data): {index!r} is not an http(s) URL or a "
+                   "file:// URL")
 
 
 # -- a host in two hardware groups ---------------------------------------------------------------
@@ -154,6 +187,56 @@ def test_an_explicit_gpu_set_beside_the_automatic_one_is_checked():
     assert any("GPU 4 is already used by deployment 'a'" in p for p in problems_of(inv))
 
 
+# -- on AMD hosts: HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES too ----------------------------------
+def amd(env: dict, second: dict | None = None):
+    """An MI355X x4 host; with ``second``, two deployments of 2 GPUs each (the second's env)."""
+    if second is None:
+        return make_inventory(group="mi355x_x4", host_data={"serve_env": env})
+    return make_inventory(group="mi355x_x4", host_data={"deployments": {
+        "a": {"serve_flags": {"tensor-parallel-size": 2}, "serve_env": env},
+        "b": {"serve_port": 8001, "serve_flags": {"tensor-parallel-size": 2}, "serve_env": second}}})
+
+
+def test_hip_visible_devices_that_differ_from_the_deployments_gpus_are_refused():
+    # vLLM's ROCm platform raises at import when HIP_ and CUDA_VISIBLE_DEVICES differ
+    msg = one_problem(amd({"HIP_VISIBLE_DEVICES": "0,1,2,9"}))
+    assert msg == ("h1: serve_env.HIP_VISIBLE_DEVICES (from host data): '0,1,2,9' differs from "
+                   "CUDA_VISIBLE_DEVICES '0,1,2,3' (the deployment's GPUs), and vLLM refuses to start "
+                   "when they differ; on ROCm they mean the same: pick the GPUs with "
+                   "CUDA_VISIBLE_DEVICES only")
+
+
+def test_rocr_visible_devices_naming_a_gpu_the_host_lacks():
+    msg = one_problem(amd({"ROCR_VISIBLE_DEVICES": "0,1,2,3,9"}))
+    assert msg.startswith("h1: serve_env.ROCR_VISIBLE_DEVICES (from host data): GPU 9 does not "
+                          "exist: the host has gpu_count 4")
+
+
+def test_rocr_visible_devices_leaving_fewer_gpus_than_the_deployment_picks():
+    found = problems_of(amd({"ROCR_VISIBLE_DEVICES": "7"}))
+    assert found == [
+        "h1: serve_env.ROCR_VISIBLE_DEVICES (from host data): leaves 1 GPU visible ('7'), and "
+        "CUDA_VISIBLE_DEVICES '0,1,2,3' picks GPU 1, 2, 3 of them (counted from 0)",
+        "h1: serve_env.ROCR_VISIBLE_DEVICES (from host data): GPU 7 does not exist: the host has "
+        "gpu_count 4 (GPUs 0-3, from group 'mi355x_x4')"]
+
+
+def test_rocr_visible_devices_count_as_the_host_gpus_between_deployments():
+    # b sees physical GPUs 1,2 as 0,1: GPU 1 is a's (automatic 0,1)
+    found = problems_of(amd({}, {"ROCR_VISIBLE_DEVICES": "1,2", "CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert found == ["h1: deployments.b.serve_env.ROCR_VISIBLE_DEVICES (from host data): GPU 1 is "
+                     "already used by deployment 'a'; give each deployment its own GPUs"]
+
+
+@pytest.mark.parametrize("env, second", [
+    ({"HIP_VISIBLE_DEVICES": "0,1,2,3"}, None),
+    ({"ROCR_VISIBLE_DEVICES": "3,2,1,0"}, None),
+    ({}, {"ROCR_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}),
+])
+def test_amd_gpu_sets_that_fit_pass(env, second):
+    settings_of(amd(env, second))
+
+
 # -- warnings that could change what a host serves ------------------------------------------------
 def test_a_missing_key_file_is_an_error_when_deploying(tmp_path):
     inv = make_inventory(host_data={"api_keys_file": str(tmp_path / "nope")})
@@ -185,6 +268,21 @@ def test_a_private_file_of_long_keys_passes(tmp_path):
     keys.write_text("# client A\n" + "a" * 32 + "\n")
     keys.chmod(0o600)
     settings_of(make_inventory(host_data={"api_keys_file": str(keys)}))
+
+
+# -- a list or a mapping where one name goes ---------------------------------------------------------
+@pytest.mark.parametrize("value", [["H200"], {"model": "H200"}, {"H200"}])
+def test_a_gpu_model_that_is_a_list_or_mapping_names_its_key(value):
+    msg = one_problem(make_inventory(host_data={"gpu_model": value}))
+    assert msg == (f"h1: gpu_model (from host data): {value!r} is not allowed; gpu_model is one GPU "
+                   "model's name (a string), one of H100, H200, B200, GB200, MI355X, MI350X, cpu")
+
+
+@pytest.mark.parametrize("group", ["monitor", "gateway"])
+def test_a_gpu_model_list_on_a_role_host_names_its_key(group):
+    found = problems_of(make_inventory(group=group, host_data={"gpu_model": ["H200"]}))
+    assert any(p.startswith("h1: gpu_model (from host data): unknown GPU model ['H200']")
+               for p in found), found
 
 
 # -- never a traceback; every host listed -----------------------------------------------------------
