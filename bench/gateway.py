@@ -210,14 +210,24 @@ class Loop:
 
 
 N_CONV = 8
-# (label, shared system prompt?, its rules, turns). The tiny model's context is 2048 tokens (about
-# one a character): "long" keeps the prefix short to fit 9 turns, so that, as in a long agent
-# loop, the history outgrows the system prompt
-WORKLOADS = (("shared prompt, 6 turns", True, 6, 6), ("shared prompt, 9 turns", True, 1, 9),
-             ("own prompts, 6 turns", False, 6, 6))
+# (label, shared system prompt?, its rules, turns, characters of tool output a turn). The tiny
+# model's context is 2048 tokens (about one a character), its KV blocks 128 tokens (the hits
+# come in multiples of 128): a short chat turn (125 characters) adds less than a block to the
+# history; an agent loop's turn carries a tool's output (here 300 characters, 3 blocks a turn)
+WORKLOADS = (("shared prompt, 6 turns", True, 6, 6, 0), ("shared prompt, 9 turns", True, 1, 9, 0),
+             ("shared prompt, agent loop, 3 turns", True, 1, 3, 300),
+             ("own prompts, 6 turns", False, 6, 6, 0))
 
 
-def conversations(url, ctx, key, tag: str, shared: bool, rules: int, turns: int) -> list[float]:
+def tool_output(c: int, turn: int, chars: int) -> str:
+    """What a tool returned to conversation c at this turn: readings of one host's GPUs."""
+    text = "".join(f"GPU{g}: {40 + (c + turn + g) % 9} C, util {90 + g % 9}%, "
+                   f"{80 + (c * turn + g) % 9} GiB used; " for g in range(64))
+    return text[:chars]
+
+
+def conversations(url, ctx, key, tag: str, shared: bool, rules: int, turns: int,
+                  tool_chars: int = 0) -> list[float]:
     """N_CONV agent-style conversations of ``turns`` turns; the TTFTs. Each request re-sends the
     system prompt and tool definitions plus the conversation's history so far. ``shared``: one
     system prompt for every conversation (one agent, many users); otherwise each conversation
@@ -242,8 +252,10 @@ def conversations(url, ctx, key, tag: str, shared: bool, rules: int, turns: int)
     for turn in range(turns):
         random.Random(turn).shuffle(order)
         for c in order:
-            histories[c].append({"role": "user", "content": f"C{c} T{turn}: check node-{c:03d} and "
-                                                            f"report its GPU temperatures, please."})
+            content = f"C{c} T{turn}: check node-{c:03d} and report its GPU temperatures, please."
+            if tool_chars:
+                content += f"\nTool result (tool_0 node-{c:03d}): {tool_output(c, turn, tool_chars)}"
+            histories[c].append({"role": "user", "content": content})
             status, first, _ = request(url, ctx, key, {
                 "model": MODEL, "max_tokens": 8, "stream": True, "messages": histories[c]})
             if status == 200:
@@ -343,10 +355,10 @@ def main() -> None:
         results = {}
         for policy in ("cache_aware", "round_robin"):
             set_policy(f, gw, policy, serving)
-            for kind, shared, rules, turns in WORKLOADS:
+            for kind, shared, rules, turns, tool_chars in WORKLOADS:
                 before = [metrics(f, x) for x in serving]
                 ttfts = conversations(gw_url, gw_ctx, key, tag=uuid.uuid4().hex, shared=shared,
-                                      rules=rules, turns=turns)
+                                      rules=rules, turns=turns, tool_chars=tool_chars)
                 after = [metrics(f, x) for x in serving]
                 hits = sum(a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
                            for a, b in zip(after, before))
