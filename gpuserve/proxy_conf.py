@@ -90,8 +90,14 @@ def var(deployment: str) -> str:
 
 
 # The proxy's own files share the names deployments get: conf.d/gpuserve-<deployment>.conf beside
-# conf.d/gpuserve-common.conf. A deployment may not take one of these names (config refuses it).
+# conf.d/gpuserve-gateway.conf. A deployment may not take one of these names (config refuses it;
+# "common": the shared file's old name, still removed by a converge).
 OWN_NAMES = ("common", "gateway")   # gateway: the gateway host's own front (gpuserve.gateway)
+# The settings every front shares, the access log's format among them. nginx reads conf.d/*.conf
+# in name order and a site that names the format before its definition fails `nginx -t`, so the
+# file sorts before every gpuserve-* file ("gpuserve-common.conf" came after a deployment "api").
+COMMON_CONF = "/etc/nginx/conf.d/000-gpuserve-common.conf"
+OLD_COMMON_CONF = "/etc/nginx/conf.d/gpuserve-common.conf"
 
 
 def host_port(host: str, port: int) -> str:
@@ -100,7 +106,7 @@ def host_port(host: str, port: int) -> str:
 
 
 def common_conf() -> str:
-    """http-level settings shared by every deployment (conf.d/gpuserve-common.conf)."""
+    """http-level settings shared by every deployment (COMMON_CONF)."""
     return (
         "# Managed by gpuserve (pyinfra): settings of every gpuserve front\n"
         "map_hash_bucket_size 256;\n"

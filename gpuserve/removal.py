@@ -47,7 +47,8 @@ NGINX_DROPIN = "/etc/systemd/system/nginx.service.d/gpuserve.conf"   # gpuserve.
 KEY_SUFFIXES = (".keys", ".operator-keys", ".upstream-auth", ".drain")  # the proxy's per-deployment files
 # host-wide directories and files of gpuserve besides the deployments' (deploys/decommission.py)
 HOST_PATHS = (
-    f"{NGINX_CONF_D}/gpuserve-common.conf",
+    proxy_conf.COMMON_CONF,
+    proxy_conf.OLD_COMMON_CONF,
     proxy_conf.NGINX_DIR,                 # TLS pair, keys, drain flags
     NGINX_DROPIN,
     layout.ETC_DIR,                       # ledgers, secrets

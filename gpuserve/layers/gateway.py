@@ -233,8 +233,10 @@ def _front(settings: HostSettings) -> None:
     files.directory(name="Proxy configuration (0711)", path=NGINX_DIR, user="root", group="root",
                     mode="711")
     common = files.put(name="Proxy settings shared by the fronts", src=StringIO(proxy_conf.common_conf()),
-                       dest="/etc/nginx/conf.d/gpuserve-common.conf", user="root", group="root",
+                       dest=proxy_conf.COMMON_CONF, user="root", group="root",
                        mode="644")
+    old_common = files.file(name="No shared settings in their old place", path=proxy_conf.OLD_COMMON_CONF,
+                            present=False)
     tls = proxy_layer.tls_files(settings)
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
                          src=StringIO(proxy_conf.tls_conf(f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key")),
@@ -272,5 +274,6 @@ def _front(settings: HostSettings) -> None:
                     restarted=True, _if=dropin.did_change, **proxy_layer.NGINX_RETRY)
     server.shell(name="Reload nginx (gateway keys or configuration changed)",
                  commands=["nginx -t -q", proxy_layer.RELOAD_AND_WAIT],
-                 _if=any_changed(default_site, common, tls_conf, *tls, keys, op_keys, strip, conf),
+                 _if=any_changed(default_site, common, old_common, tls_conf, *tls, keys, op_keys, strip,
+                                 conf),
                  **proxy_layer.NGINX_RETRY)

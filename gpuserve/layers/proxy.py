@@ -113,8 +113,11 @@ def proxy(settings: HostSettings, *, sites_removed: bool = False,
                     mode="711")
     common = files.put(name="Proxy settings shared by the deployments",
                        src=StringIO(proxy_conf.common_conf()),
-                       dest="/etc/nginx/conf.d/gpuserve-common.conf", user="root", group="root",
+                       dest=proxy_conf.COMMON_CONF, user="root", group="root",
                        mode="644")
+    old_common = files.file(name="No shared settings in their old place (they defined the log format "
+                                 "after a site that sorts first)", path=proxy_conf.OLD_COMMON_CONF,
+                            present=False)
     tls = tls_files(settings)
     gateways = gateway.addresses(all_settings())   # docs/gateway.md: only they reach the client routes
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
@@ -124,7 +127,7 @@ def proxy(settings: HostSettings, *, sites_removed: bool = False,
                        src=StringIO(proxy_conf.NGINX_DROPIN), dest=DROPIN, user="root", group="root",
                        mode="644")
     systemd.daemon_reload(name="Reload systemd units (nginx drop-in)", _if=dropin.did_change)
-    changed = [default_site, common, tls_conf, *tls]
+    changed = [default_site, common, old_common, tls_conf, *tls]
     limits = proxy_conf.ProxyLimits(**settings.proxy_limits)
     for dep in settings.deployments:
         clients = _read_keys(dep, "api_keys_file", required=True)

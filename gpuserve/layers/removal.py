@@ -52,7 +52,7 @@ def removal(settings: HostSettings) -> Removed:
     """Remove the deployments the plan no longer names.
 
     With the proxy on, nginx is reloaded by the proxy layer once the planned sites are written
-    (gpuserve-common.conf alone, without a site, does not load); until then the running nginx
+    (the shared settings alone, without a site, do not load); until then the running nginx
     still has the old site, whose engine is stopped, so its /health is not 200 either."""
     found = footprint(settings)
     gone = plan.leftovers(found, [d.name for d in settings.deployments])

@@ -33,9 +33,7 @@ from gpuserve_sandbox.runner import PyinfraRun
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-# group_data/lab.py of the config repo below. The deployment's name sorts after "common": nginx
-# reads conf.d/gpuserve-<name>.conf before gpuserve-common.conf, which defines the access log's
-# format, so a name such as "chat" fails `nginx -t` (unknown log format "gpuserve"; reported)
+# group_data/lab.py of the config repo below
 DEP, SERVED, PORT = "lab", "lab-chat", 8100
 UNIT = layout.unit_name(DEP)
 

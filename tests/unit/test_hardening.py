@@ -228,8 +228,9 @@ def test_the_proxy_files_a_deployment_could_collide_with_are_the_ones_listed():
     from gpuserve import gateway
     from gpuserve.layers import proxy as layer
 
-    source = "".join(open(m.__file__).read() for m in (layer, gateway))
+    source = "".join(open(m.__file__).read() for m in (layer, gateway, proxy_conf))
     own = set(re.findall(r"/etc/nginx/conf\.d/gpuserve-([a-z0-9_-]+)\.conf", source))
+    # "common": the shared settings' old name, which a converge still removes
     assert own == set(proxy_conf.OWN_NAMES)
 
 
@@ -242,3 +243,23 @@ def test_paths_with_dot_segments_or_encoded_separators_are_refused():
         assert pattern.search(bad), bad
     for good in ("/v1/chat/completions", "/v1/models", "/v1/models/minimax-m3.1-flash", "/health"):
         assert not pattern.search(good), good
+
+
+def test_the_shared_settings_load_before_every_site_that_names_their_log_format():
+    """nginx reads conf.d/*.conf in name order; a site naming the log format "gpuserve" before
+    the file that defines it fails `nginx -t` (a deployment "api" or "chat" did, before
+    "gpuserve-common.conf")."""
+    import os
+
+    from gpuserve import gateway, removal
+    from gpuserve.layers import monitoring, proxy
+
+    assert "log_format gpuserve " in proxy_conf.common_conf()
+    assert "access_log /var/log/nginx/access.log gpuserve;" in _conf(deployment="api")
+    sites = [proxy.conf_path(name) for name in ("0", "00-a", "00", "a", "api", "chat", "common-x")]
+    sites += [gateway.NGINX_CONF, monitoring.EXPORTERS_CONF]
+    names = sorted(os.path.basename(p) for p in [*sites, proxy_conf.COMMON_CONF])
+    assert names[0] == os.path.basename(proxy_conf.COMMON_CONF), names
+    assert all(os.path.dirname(p) == os.path.dirname(proxy_conf.COMMON_CONF) for p in sites)
+    # decommission removes it, and the old name a converge replaces
+    assert {proxy_conf.COMMON_CONF, proxy_conf.OLD_COMMON_CONF} <= set(removal.HOST_PATHS)
