@@ -149,11 +149,12 @@ def testinfra_host(sandbox):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed sandbox test's report also carries each host's failed units and journal errors:
-    CI keeps only the report, and the hosts are gone after the run."""
+    """A failed sandbox test's report (its fixtures' setup included) also carries each host's
+    failed units and systemd's notices: CI keeps only the report, and the hosts are gone after
+    the run."""
     report = yield
     box = getattr(item, "funcargs", {}).get("sandbox")
-    if report.failed and call.when == "call" and box is not None:
+    if report.failed and call.when in ("setup", "call") and box is not None:
         try:
             report.sections.append(("sandbox hosts: failed units, journal errors", box.journal_report()))
         except Exception as exc:  # a report must never fail the run
