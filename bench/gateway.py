@@ -136,7 +136,12 @@ def stub_engines(f, serving, on: bool) -> None:
                              f"{SIM_ENGINE}\nEOF\nsystemd-run --unit sim-engine-stub "
                              "python3 /run/sim-engine-stub.py 8000", timeout=300)
         else:
-            f.sandbox.ssh(h, f"systemctl stop sim-engine-stub; systemctl start gpuserve-{DEP}", timeout=300)
+            # in the sandbox's containers systemd sometimes cannot kill a unit's cgroup ("Input/
+            # output error"): the stand-in is killed by name too, and the port must be free
+            f.sandbox.ssh(h, "systemctl stop sim-engine-stub; pkill -9 -f /run/sim-engine-stub.py; "
+                             "for i in $(seq 30); do ss -ltn | grep -q '127.0.0.1:8000 ' || break; "
+                             f"sleep 1; done; systemctl reset-failed gpuserve-{DEP}; "
+                             f"systemctl start gpuserve-{DEP}", timeout=300)
 
 
 def metrics(f, h) -> dict[str, float]:
