@@ -138,7 +138,8 @@ def stub_engines(f, serving, on: bool) -> None:
         else:
             # in the sandbox's containers systemd sometimes cannot kill a unit's cgroup ("Input/
             # output error"): the stand-in is killed by name too, and the port must be free
-            f.sandbox.ssh(h, "systemctl stop sim-engine-stub; pkill -9 -f /run/sim-engine-stub.py; "
+            # ("stu[b]": the pattern must not match this very command line, which pkill would kill)
+            f.sandbox.ssh(h, "systemctl stop sim-engine-stub; pkill -9 -f 'python3 /run/sim-engine-stu[b]'; "
                              "for i in $(seq 30); do ss -ltn | grep -q '127.0.0.1:8000 ' || break; "
                              f"sleep 1; done; systemctl reset-failed gpuserve-{DEP}; "
                              f"systemctl start gpuserve-{DEP}", timeout=300)
