@@ -32,11 +32,14 @@ PATCH_MOVING = "/var/lib/gpuserve-stack/patching"
 # metapackage's new ABI package), removes nothing, and never touches held packages (the GPU
 # stack's set: apt keeps them back; --allow-change-held-packages is never given). Configuration
 # files changed locally are kept.
-APT_UPGRADE = ("DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=l apt-get -q -y "
+# Both wait up to 10 minutes for apt's lock (unattended-upgrades holds it on many Debian images)
+# rather than failing at once with "Could not get lock".
+APT_LOCK_WAIT = "-o DPkg::Lock::Timeout=600"
+APT_UPGRADE = (f"DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=l apt-get -q -y {APT_LOCK_WAIT} "
                "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
                "--with-new-pkgs upgrade")
 APT_SIMULATE = "LC_ALL=C apt-get -s -q --with-new-pkgs upgrade"
-APT_UPDATE = "DEBIAN_FRONTEND=noninteractive apt-get update -q"
+APT_UPDATE = f"DEBIAN_FRONTEND=noninteractive apt-get update -q {APT_LOCK_WAIT}"
 
 
 # --- Debian version order (dpkg's verrevcmp), for versions and kernel releases -------------------

@@ -16,8 +16,8 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
 from gpuserve import recipes
-from gpuserve.config_repo import no_group_data_hint
 from gpuserve.config import ConfigError, HostSettings, validate_inventory
+from gpuserve.config_repo import no_group_data_hint
 from gpuserve.recipes import ServeConfig
 
 FORMATS = ("text", "argv", "yaml", "json")

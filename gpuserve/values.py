@@ -38,7 +38,7 @@ MIN_KEY_LENGTH = 24
 
 # query parameters that carry a secret (a presigned or token URL): printed and written like the rest
 SECRET_QUERY = re.compile(r"(access_?)?token|(api_?)?key|secret|password|passwd|pwd|auth\w*|sig"
-                          r"|signature|credentials?|x-amz-\w+|x-goog-\w+", re.IGNORECASE)
+                          r"|signature|credentials?|x-amz-[\w-]+|x-goog-[\w-]+", re.IGNORECASE)
 
 
 def url_problem(value: Any, *, file_ok: bool = False) -> str | None:
@@ -47,7 +47,10 @@ def url_problem(value: Any, *, file_ok: bool = False) -> str | None:
     user:password@ nor as a token in the query. ``file_ok``: a file:// URL is allowed too."""
     plain = r"https?://[^\s/?#]+[^\s]*" + (r"|file://[^\s]+" if file_ok else "")
     if not isinstance(value, str) or not re.fullmatch(plain, value):
-        return f"{value!r} is not an http(s) URL" + (" or a file:// URL" if file_ok else "")
+        # the value is shown without its query and user part, which may hold a credential
+        shown = (re.sub(r"//[^/@\s]*@", "//...@", value.split("?", 1)[0].split("#", 1)[0])
+                 + ("?..." if "?" in value else "")) if isinstance(value, str) else value
+        return f"{shown!r} is not an http(s) URL" + (" or a file:// URL" if file_ok else "")
     parts = urlsplit(value)
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         return ("holds credentials (user:password@); URLs are printed by `gpuserve plan` and "

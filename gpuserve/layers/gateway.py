@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import hashlib
 from io import StringIO
+from pathlib import Path
 
 import gevent.lock
-from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import deploy, operation
@@ -149,13 +149,19 @@ def _write_if_changed(h, path: str, content: str, smg_port: int) -> bool:
     try:
         run(h, f"mkdir -p {gw.ETC}")
         put_text(h, path, content)
-        with _ONE_RESTART_AT_A_TIME:
-            run(h, f"if systemctl is-active -q {gw.UNIT}; then systemctl restart {gw.UNIT} && "
-                   f"{{ {smg_ready_command(smg_port)}; }}; fi", COMMAND_TIMEOUT_S + SMG_READY_S)
     except MoveFailed as exc:
         logger.error(f"    [{h.name}] writing {path} failed: {exc}")
         return False
-    logger.info(f"    [{h.name}] {path} changed: a running smg restarted to trust it")
+    try:
+        with _ONE_RESTART_AT_A_TIME:
+            # the wait runs in a subshell: it ends with `exit`
+            restarted = run(h, f"if systemctl is-active -q {gw.UNIT}; then systemctl restart {gw.UNIT} && "
+                               f"( {smg_ready_command(smg_port)} ) && echo restarted; fi",
+                            COMMAND_TIMEOUT_S + SMG_READY_S).strip().endswith("restarted")
+    except MoveFailed as exc:
+        logger.error(f"    [{h.name}] {path} changed, and smg did not come back after its restart: {exc}")
+        return False
+    logger.info(f"    [{h.name}] {path} changed" + ("; smg restarted to trust it" if restarted else ""))
     return True
 
 
@@ -165,6 +171,8 @@ def gateway(settings: HostSettings) -> None:
     if g is None:
         return
     state = ctx_state.get()
+    # smg's readiness wait asks its API with curl, and a role host gets no serving layer's tools
+    apt.packages(name="curl for smg's readiness wait", packages=["curl"])
     if not g.workers_ca_file and not _workers_ca_current(state):
         # deploys/serve.py runs this after every host's proxy layer, which makes the certificates
         # it reads: behind layers.base.ordering_point, a step serving and gateway hosts share

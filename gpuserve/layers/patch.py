@@ -36,7 +36,7 @@ def patch_move(settings: HostSettings) -> PatchMove | None:
     if reason is None:
         return None
     s = settings.stack
-    os = host_os() if s.enabled and s.vendor else "debian12"
+    os = host_os() if s.enabled and s.vendor else "debian12"   # unused by a patch move's steps
     kernels_new = patch.new_kernels(upgrades)
     serving = tuple(d.name for d in settings.deployments if _state(settings, d.name).current)
     move = PatchMove(host.name, stack.describe(s) if s.vendor else "no GPU stack", reason,

@@ -57,7 +57,7 @@ MISSING = "__gpuserve_missing_command__"
 def put_text(h, path: str, text: str, timeout: float = COMMAND_TIMEOUT_S) -> None:
     """Write a public file (never a secret) on ``h`` atomically, 0644: uploaded over SFTP as
     ``<path>.gpuserve-tmp``, then renamed. Unlike content in a command line, it has no size limit
-    (a command line ends at 128 KiB: the gateway's CA file of about 80 hosts' certificates).
+    (a command line ends at 128 KiB: the gateway's CA file of about 70 hosts' certificates, base64).
     Raises MoveFailed, naming the host and the file."""
     tmp = f"{path}.gpuserve-tmp"
     try:

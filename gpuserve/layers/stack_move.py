@@ -178,10 +178,18 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
     """The change of an OS update move: apt upgrade within the holds (the GPU stack's set stays
     as it is), then, when a new kernel is to boot, its GPU driver module checked and the reboot.
     A failure from here on leaves the host out (_stays_out): packages may have changed."""
+    resuming = shell(h, f"test -e {patch.PATCH_MOVING}", COMMAND_TIMEOUT_S)[0]
     run(h, f"mkdir -p -m 700 {patch.PATCH_MOVING.rsplit('/', 1)[0]} && touch {patch.PATCH_MOVING}")
     held = get(HeldVersions)
     logger.info(f"    [{h.name}] applying OS updates within the holds ({len(held)} held package(s))")
-    ok, output = shell(h, f"{patch.APT_UPDATE} && {patch.APT_UPGRADE}", APT_TIMEOUT_S)
+    ok, output = shell(h, patch.APT_UPDATE, APT_TIMEOUT_S)
+    if not ok and not resuming:   # nothing changed yet: the host serves again, then the rollout halts
+        shell(h, f"rm -f {patch.PATCH_MOVING}", COMMAND_TIMEOUT_S)
+        _serve_again(h, move, s)
+        raise MoveFailed(f"{h.name}: {_title(move)} failed at update: apt-get update failed "
+                         f"(nothing was installed; the host serves again): {output.output[-800:]}")
+    if ok:
+        ok, output = shell(h, patch.APT_UPGRADE, APT_TIMEOUT_S)
     if not ok:
         _stays_out(h, move, "update", f"apt-get upgrade failed: {output.output[-800:]}")
     changed = patch.held_changed(held, get(HeldVersions))
@@ -192,8 +200,11 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
     if target is None:
         logger.info(f"    [{h.name}] no kernel change (running {kernels.running}): no reboot")
         return
-    vendor = t.vendor if t.enabled else None
-    driver = t.driver_version if vendor == "nvidia" else None
+    # the GPUs' vendor whether or not gpuserve manages their stack (gpu_stack: False): a new
+    # kernel without the driver's module leaves any GPU host unable to serve. The exact driver
+    # version is known only when gpuserve pins it
+    vendor = t.vendor if t.enabled else (s.hardware.vendor if s.uses_gpus else None)
+    driver = t.driver_version if t.enabled and vendor == "nvidia" else None
     why = patch.module_problem(kernels, target, vendor, driver, h.name)
     if why:   # checked before the reboot: the old kernel still runs the GPUs
         _stays_out(h, move, "verify", why)

@@ -51,12 +51,20 @@ def test_credentials_in_a_url_are_refused_and_not_echoed(key, url):
 @pytest.mark.parametrize("key", ["hf_endpoint", "rocm_repo_url", "engine_index"])
 @pytest.mark.parametrize("query, names", [("?token=hunter2-secret", "token"),
                                           ("?a=1&API_KEY=hunter2-secret&sig=x", "API_KEY, sig"),
-                                          ("?X-Amz-Signature=hunter2-secret", "X-Amz-Signature")])
+                                          ("?X-Amz-Signature=hunter2-secret", "X-Amz-Signature"),
+                                          ("?X-Amz-Security-Token=hunter2-secret", "X-Amz-Security-Token")])
 def test_a_credential_in_a_url_query_is_refused_and_not_echoed(key, query, names):
     msg = one_problem(make_inventory(host_data={key: "https://mirror.example/simple" + query}))
     assert msg.startswith(f"h1: {key} (from host data): holds a credential in its query "
                           f"({names}=...)"), msg
     assert "hunter2" not in msg
+
+
+@pytest.mark.parametrize("url", ["https://mirror.example/x?token=hunter2 secret",
+                                 "ftp://user:hunter2@mirror.example/x", "https://user:hunter2@mirror example/"])
+def test_a_value_that_is_no_url_is_refused_without_echoing_its_credential(url):
+    msg = one_problem(make_inventory(host_data={"hf_endpoint": url}))
+    assert "is not an http(s) URL" in msg and "hunter2" not in msg, msg
 
 
 def test_a_plain_mirror_url_passes():

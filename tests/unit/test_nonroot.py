@@ -83,7 +83,7 @@ class UploadHost(Host):
 
 
 def test_a_public_file_is_uploaded_not_put_in_a_command_line_then_renamed():
-    """gpuserve.layers.remote.put_text: a 200 KiB file (the gateway's CA file of about 100 hosts'
+    """gpuserve.layers.remote.put_text: a 200 KiB file (the gateway's CA file of about 160 hosts'
     certificates) would not fit a command line (128 KiB); it travels over SFTP, with sudo."""
     h = UploadHost({"_sudo": True})
     text = "x" * 200_000

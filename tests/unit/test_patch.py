@@ -150,6 +150,9 @@ class Host(StackHost):
     def run_shell_command(self, command, _sudo=False, _timeout=None):
         text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
         st, out = self.st, None
+        if text == f"test -e {patch.PATCH_MOVING}" or (text == patch.APT_UPDATE and st.update_fails):
+            self.ran.append(text)   # no unfinished patch move here; an apt-get update that fails
+            return False, SimpleNamespace(stdout="", stderr="E: lock", output="E: lock", stdout_lines=[])
         if text.startswith("( sleep 1 && reboot )"):
             st.running = patch.newest(st.installed)
         elif patch.APT_UPGRADE in text:
@@ -182,7 +185,8 @@ def host_state(monkeypatch):
     st = SimpleNamespace(running=OLD_K, installed=(OLD_K,), arrives=(NEW_K,),
                          dkms=(DkmsModule("nvidia", DRIVER, OLD_K, "x86_64"),),
                          builds=(DkmsModule("nvidia", DRIVER, NEW_K, "x86_64"),),
-                         held={"nvidia-open": f"{DRIVER}-1"}, held_moves=False, gates=[])
+                         held={"nvidia-open": f"{DRIVER}-1"}, held_moves=False, gates=[],
+                         update_fails=False)
     monkeypatch.setattr(gpu_ops, "nvidia_problems", lambda s, get=None: [])
     monkeypatch.setattr(gpu_ops, "admission_findings", lambda s, get=None: [])
     monkeypatch.setattr(layer, "gate", lambda h, s, dep: (st.gates.append(dep) or True, "ok"))
@@ -256,3 +260,31 @@ def test_a_host_that_may_not_reboot_stays_out_with_its_kernel_installed(settings
     with pytest.raises(MoveFailed, match="failed at reboot: .*may not be rebooted"):
         layer.move_stack(h, _move(s), s)
     assert "reboot" not in _steps(h) and "start" not in _steps(h)
+
+
+def test_an_apt_update_that_fails_changes_nothing_and_the_host_serves_again(settings, host_state):
+    """apt's lists could not be read (a lock held past its 10 minutes, a mirror down): nothing
+    was installed, so the host starts its engines, passes the gate and goes back in; then the
+    rollout halts naming it."""
+    host_state.update_fails = True
+    h = Host(host_state)
+    with pytest.raises(MoveFailed, match="h1: OS update move failed at update: apt-get update failed "
+                                         r"\(nothing was installed; the host serves again\): E: lock"):
+        layer.move_stack(h, _move(settings), settings)
+    assert _steps(h) == ["out", "stop", "start", "in"]          # no upgrade, no reboot
+    assert host_state.gates == ["minimax"] and f"rm -f {patch.PATCH_MOVING}" in h.ran
+    assert "-o DPkg::Lock::Timeout=600" in patch.APT_UPDATE and "-o DPkg::Lock::Timeout=600" in patch.APT_UPGRADE
+
+
+def test_a_gpu_host_whose_stack_gpuserve_does_not_manage_is_not_booted_without_its_module(settings, host_state):
+    """gpu_stack: False (the driver installed some other way): the kernel still needs the
+    vendor's DKMS module, whatever its version."""
+    s = settings_of(make_inventory(host_data={
+        "proxy": True, "api_keys_file": settings.deployments[0].api_keys_file, "drain_s": 0,
+        "reboot": "allowed", "reboot_delay": 0, "gpu_stack": False}))
+    assert not s.stack.enabled and s.uses_gpus
+    host_state.builds = ()
+    h = Host(host_state)
+    with pytest.raises(MoveFailed, match="failed at verify: h1: no NVIDIA driver kernel module is built"):
+        layer.move_stack(h, _move(s), s)
+    assert "reboot" not in _steps(h)
