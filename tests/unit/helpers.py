@@ -26,6 +26,15 @@ HARDWARE = {
 }
 
 
+def key_file(directory: Path) -> Path:
+    """An api_keys_file in ``directory`` holding one valid key, 0600 (the plan refuses a key file
+    others can read)."""
+    keys = directory / "keys"
+    keys.write_text("k" * 32 + "\n")
+    keys.chmod(0o600)
+    return keys
+
+
 def make_inventory(
     host_data: dict | None = None,
     group: str = "hopper_x8",

@@ -18,14 +18,12 @@ from gpuserve.layers import canary_bake, rotation
 from gpuserve.layers import rollout as layer
 from gpuserve.rollout import Move, StackMove
 
-from .helpers import make_inventory, settings_of
+from .helpers import key_file, make_inventory, settings_of
 from .test_rollout_moves import RecordingHost
 
 
 def _settings(tmp_path, hosts=("h1", "h2", "h3"), group="hopper_x8", **data):
-    keys = tmp_path / "keys"
-    keys.write_text("k" * 32 + "\n")
-    keys.chmod(0o600)
+    keys = key_file(tmp_path)
     inv = make_inventory(host_data={"proxy": True, "api_keys_file": str(keys), "drain_s": 0, **data},
                          hosts=hosts)
     return {h: settings_of(inv, h) for h in hosts}

@@ -17,7 +17,7 @@ from gpuserve.layers.remote import MoveFailed
 from gpuserve.patch import DkmsModule, PatchMove, Upgrade
 from gpuserve.rollout import Move, StackMove, stack_moves_first
 
-from .helpers import make_inventory, settings_of
+from .helpers import key_file, make_inventory, settings_of
 from .test_stack_move import Host as StackHost
 
 OLD_K, NEW_K = "6.1.0-40-gpuserve-sim", "6.1.0-41-gpuserve-sim"
@@ -173,9 +173,7 @@ class Host(StackHost):
 
 @pytest.fixture
 def settings(tmp_path):
-    keys = tmp_path / "keys"
-    keys.write_text("k" * 32 + "\n")
-    keys.chmod(0o600)
+    keys = key_file(tmp_path)
     return settings_of(make_inventory(host_data={
         "proxy": True, "api_keys_file": str(keys), "drain_s": 0, "reboot": "allowed", "reboot_delay": 0}))
 

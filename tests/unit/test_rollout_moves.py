@@ -13,7 +13,7 @@ from gpuserve import rollout
 from gpuserve.layers import rollout as layer
 from gpuserve.rollout import Move
 
-from .helpers import make_inventory, settings_of
+from .helpers import key_file, make_inventory, settings_of
 
 
 class RecordingHost:
@@ -37,9 +37,7 @@ class RecordingHost:
 
 @pytest.fixture
 def settings(tmp_path):
-    keys = tmp_path / "keys"
-    keys.write_text("k" * 32 + "\n")
-    keys.chmod(0o600)
+    keys = key_file(tmp_path)
     return settings_of(make_inventory(host_data={
         "proxy": True, "api_keys_file": str(keys), "drain_s": 0,
         "deployments": {"fast": {"serve_flags": {"tensor-parallel-size": 4}},

@@ -16,7 +16,7 @@ from gpuserve.layers import stack_move as layer
 from gpuserve.layers.remote import MoveFailed
 from gpuserve.rollout import Move, StackMove, batches, stack_moves_first
 
-from .helpers import make_inventory, settings_of
+from .helpers import key_file, make_inventory, settings_of
 
 OLD, NEW = "580.95.05", "580.105.08"
 
@@ -93,9 +93,7 @@ class Host:
 
 @pytest.fixture
 def settings(tmp_path):
-    keys = tmp_path / "keys"
-    keys.write_text("k" * 32 + "\n")
-    keys.chmod(0o600)
+    keys = key_file(tmp_path)
     return settings_of(make_inventory(host_data={
         "proxy": True, "api_keys_file": str(keys), "drain_s": 0, "reboot": "allowed", "reboot_delay": 0,
         "nvidia_driver_version": NEW}))

@@ -8,7 +8,7 @@ from pyinfra.api import Inventory
 from gpuserve.config import ConfigError, validate_inventory
 from gpuserve.recipes import render
 
-from .helpers import SHA, make_inventory, one_problem, problems_of, settings_of
+from .helpers import SHA, key_file, make_inventory, one_problem, problems_of, settings_of
 
 
 # -- the combinations the issue lists ---------------------------------------------------------
@@ -335,9 +335,7 @@ def test_secrets_given_inline(inventory, key, source):
 
 
 def test_api_keys_file_renders_a_masked_secret_env(tmp_path):
-    keys = tmp_path / "keys"
-    keys.write_text("k" * 32 + "\n")
-    keys.chmod(0o600)
+    keys = key_file(tmp_path)
     config = render(settings_of(make_inventory(host_data={"api_keys_file": str(keys)})), "minimax")
     assert config.secret_env == {"VLLM_API_KEY": str(keys)}
     assert config.secret_env_keys == ("VLLM_API_KEY",)
@@ -483,9 +481,7 @@ def test_data_on_the_command_line_beats_a_deployment_entry():
 
 
 def test_two_deployments_behind_the_proxy_are_told_which_port_to_set(tmp_path):
-    keys = tmp_path / "keys"
-    keys.write_text("k" * 32 + "\n")
-    keys.chmod(0o600)
+    keys = key_file(tmp_path)
     deployments = {"fast": {"serve_flags": {"tensor-parallel-size": 4}},
                    "deep": {"serve_port": 8001, "serve_flags": {"tensor-parallel-size": 4}}}
     inv = make_inventory(host_data={"proxy": True, "api_keys_file": str(keys),
