@@ -168,7 +168,7 @@ def _role_text(s: HostSettings) -> str:
 def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = False) -> str:
     # hosts of role groups only (gateway, monitor) serve no model (docs/gateway.md, docs/monitoring.md)
     roles = {n: s for n, s in settings.items() if not s.serves}
-    rendered = {name: recipes.render_host(s) for name, s in settings.items() if s.serves}
+    rendered = {name: s.serve_configs for name, s in settings.items() if s.serves}  # validation's
     if fmt == "json":
         return json.dumps([_json(settings[n], c, profile) for n, c in rendered.items()]
                           + [{"host": n, "serves": False, "groups": list(s.groups),

@@ -41,7 +41,7 @@ from pyinfra.operations import apt
 
 from gpuserve import checkpoints, layout
 from gpuserve import weights as w
-from gpuserve.config import HostSettings, load_host
+from gpuserve.config import HostSettings
 from gpuserve.facts.checkpoints import CheckpointState, host_command, parse_output
 
 GIB = 1 << 30
@@ -301,11 +301,10 @@ def rsync_to_host(host: Any, src_dir: str, dest_dir: str, paths: list[str], bwli
 
 
 @deploy("Weights")
-def weights(settings: HostSettings | None = None):
+def weights(settings: HostSettings):
     """Converge the pinned checkpoint on this host. Returns the checkpoint operation's meta
     (``did_change()`` after execution: the revision was staged or repaired in this run)."""
-    s = settings or load_host(host)
-    target = Target.of(s)
+    target = Target.of(settings)
     checkpoint_space(name=f"Free space for checkpoint {target.label}", target=target)
     if target.fanout == "control-node":
         have_rsync = host.get_fact(Which, "rsync")
