@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 import click
 from pyinfra.api import Inventory, State
@@ -77,7 +77,7 @@ def _model_dir(s: HostSettings, profile: bool) -> str | None:
     return None if profile else s.checkpoint_dir
 
 
-def _text(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> str:
+def _text(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) -> str:
     rev = s.model_revision or "(not pinned)"
     lines = [
         s.host,
@@ -100,7 +100,7 @@ def _text(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> st
     return "\n".join(lines)
 
 
-def _json(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> dict[str, Any]:
+def _json(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) -> dict[str, Any]:
     return {
         "host": s.host,
         "groups": list(s.groups),
