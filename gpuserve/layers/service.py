@@ -139,9 +139,8 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
                or (state.active_state == "active" and state.health != 200))
     if restart:
         server.shell(name=f"{name}: (re)start the engine",
-                     commands=[f"systemctl stop {layout.unit_name(name)}",  # drains in-flight requests
-                               f"systemctl reset-failed {layout.unit_name(name)} 2>/dev/null || true",
-                               f"systemctl start --no-block {layout.unit_name(name)}"])
+                     # the stop drains in-flight requests; the start's reset-failed may fail
+                     commands=[rollout.stop(name), rollout.start(name)])
     if restart or state.active_state == "activating":
         server.shell(name=f"{name}: readiness gate (/health, /v1/models, chat"
                           + (", tool call)" if tools_enabled(serve) else ")"),
