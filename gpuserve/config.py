@@ -12,7 +12,7 @@ import difflib
 import ipaddress
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -33,7 +33,6 @@ __all__ = [
     "Problem",
     "HostSettings",
     "DeploymentSettings",
-    "load_host",
     "check_host",
     "validate_inventory",
     "data_source",
@@ -292,6 +291,9 @@ class HostSettings:
     gateway: gateway.GatewaySettings | None = None  # set on the hosts of the group `gateway`
     # --- removal (docs/removal.md) ---
     decommission: bool = False  # deploys/decommission.py runs only where this is True
+    # --- one render per host (issue 11): each deployment's serve config, rendered once by
+    # validation (recipes.render) and read by every layer, `gpuserve plan` and the gate ---
+    serve_configs: Mapping[str, recipes.ServeConfig] = field(default_factory=lambda: MappingProxyType({}))
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -1028,7 +1030,9 @@ def check_host(host: Host, *, require_revision: bool = True,
             sources=MappingProxyType(dict(c.sources)), warnings=tuple(c.warnings), monitor=mon,
             gateway=gw, **model, **engine, **level, **build, **weights,
         )
-        problems += recipes.check(settings)
+        configs, found = recipes.render(settings)  # the host's one render, kept in its settings
+        problems += found
+        settings = replace(settings, serve_configs=MappingProxyType(configs))
     return (None if problems else settings), problems
 
 
@@ -1061,15 +1065,6 @@ def _removal_keys(c: _Checker) -> dict[str, Any]:
     return {"decommission": decommission}
 
 # --- end of removal ------------------------------------------------------------------------------
-
-
-def load_host(host: Host, *, require_revision: bool = True) -> HostSettings:
-    """Settings for one host; raises ConfigError listing every problem."""
-    settings, problems = check_host(host, require_revision=require_revision)
-    if problems:
-        raise ConfigError(problems)
-    assert settings is not None
-    return settings
 
 
 def validate_inventory(inventory: Inventory, *, require_revision: bool = True,

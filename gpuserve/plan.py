@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 import click
 from pyinfra.api import Inventory, State
@@ -77,7 +77,7 @@ def _model_dir(s: HostSettings, profile: bool) -> str | None:
     return None if profile else s.checkpoint_dir
 
 
-def _text(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> str:
+def _text(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) -> str:
     rev = s.model_revision or "(not pinned)"
     lines = [
         s.host,
@@ -100,7 +100,7 @@ def _text(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> st
     return "\n".join(lines)
 
 
-def _json(s: HostSettings, configs: dict[str, ServeConfig], profile: bool) -> dict[str, Any]:
+def _json(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) -> dict[str, Any]:
     return {
         "host": s.host,
         "groups": list(s.groups),
@@ -168,7 +168,7 @@ def _role_text(s: HostSettings) -> str:
 def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = False) -> str:
     # hosts of role groups only (gateway, monitor) serve no model (docs/gateway.md, docs/monitoring.md)
     roles = {n: s for n, s in settings.items() if not s.serves}
-    rendered = {name: recipes.render_host(s) for name, s in settings.items() if s.serves}
+    rendered = {name: s.serve_configs for name, s in settings.items() if s.serves}  # validation's
     if fmt == "json":
         return json.dumps([_json(settings[n], c, profile) for n, c in rendered.items()]
                           + [{"host": n, "serves": False, "groups": list(s.groups),

@@ -1,8 +1,8 @@
 """Hardware recipes: a host's settings + one deployment -> the exact serve configuration.
 
-Pure: no I/O, no pyinfra. ``render(settings, deployment)`` returns a ``ServeConfig`` or raises
-``ConfigError``; ``check(settings)`` returns the problems of all of a host's deployments (plan
-time validation calls it for every host).
+Pure: no I/O, no pyinfra. ``render(settings)`` returns every deployment's ``ServeConfig`` and the
+problems found. Validation calls it once per host and keeps the configs in the validated
+``HostSettings.serve_configs``; nothing else renders.
 
 Where each flag comes from, in the order it appears in the rendered config:
     1. the recipe table for the host's hardware (seed commands, token for token; see
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import yaml
 
 from gpuserve import engine_pins
-from gpuserve.errors import ConfigError, Problem
+from gpuserve.errors import Problem
 from gpuserve.packages import program
 from gpuserve.hardware import GPU_MODELS
 
@@ -713,7 +713,12 @@ def _pin_problems(s: HostSettings) -> list[Problem]:
                                                          s.engine_index)]
 
 
-def _render_all(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Problem]]:
+def render(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Problem]]:
+    """Every deployment of a host, rendered once, by name, and every problem rendering hit (the
+    configs of a host with problems are not to be served). Validation (gpuserve.config) calls
+    it once per host and keeps the configs in ``HostSettings.serve_configs``: every reader
+    (releases, units, the gate, ``gpuserve plan``) reads them there. A deployment's GPUs depend
+    on the deployments before it, so a host renders whole."""
     problems = _host_problems(settings)
     if problems:
         return {}, problems
@@ -809,22 +814,3 @@ def _gpu_set_checks(r: _Render, dep: DeploymentSettings, visible: str, var: str,
                       "deployment its own GPUs")
         else:
             taken[gpu] = dep.name
-
-
-def check(settings: HostSettings) -> list[Problem]:
-    """Every problem rendering this host's deployments would hit (empty: all render)."""
-    return _render_all(settings)[1]
-
-
-def render_host(settings: HostSettings) -> dict[str, ServeConfig]:
-    """All deployments of a host, by name; raises ConfigError listing every problem."""
-    configs, problems = _render_all(settings)
-    if problems:
-        raise ConfigError(problems)
-    return configs
-
-
-def render(settings: HostSettings, deployment: DeploymentSettings | str) -> ServeConfig:
-    """One deployment's serve configuration (its GPUs depend on the deployments before it)."""
-    name = deployment if isinstance(deployment, str) else deployment.name
-    return render_host(settings)[name]

@@ -155,8 +155,9 @@ def release_env(serve_env: Mapping[str, str], *, cache: str) -> dict[str, str]:
 
 def desired_releases(settings, spec) -> dict[str, RenderedRelease]:
     """The release each deployment of a host should run: gpuserve.config HostSettings plus the
-    engine layer's EngineSpec (gpuserve.engine) for its venv and launch command."""
-    from gpuserve import engine, recipes
+    engine layer's EngineSpec (gpuserve.engine) for its venv and launch command. The serve
+    configs are the ones validation rendered (``settings.serve_configs``)."""
+    from gpuserve import engine
 
     model_dir = settings.checkpoint_dir
     stack = settings.stack
@@ -165,7 +166,7 @@ def desired_releases(settings, spec) -> dict[str, RenderedRelease]:
                   "version": stack.driver_version if stack.vendor == "nvidia" else stack.rocm_version})
     out = {}
     for dep in settings.deployments:
-        serve = recipes.render(settings, dep)
+        serve = settings.serve_configs[dep.name]
         out[dep.name] = render_release(
             deployment=dep.name,
             serve_config={**serve.config, **engine.config_additions(spec, model_dir)},

@@ -22,7 +22,7 @@ from pyinfra.operations import apt, files
 
 from gpuserve import engine as eng
 from gpuserve import layout, wheelhouse
-from gpuserve.config import HostSettings, load_host
+from gpuserve.config import HostSettings
 
 
 def _resolve(settings: HostSettings) -> tuple[eng.EngineSpec, wheelhouse.WheelSet | None]:
@@ -68,10 +68,9 @@ def venv(spec: eng.EngineSpec, uv: str, remote_set: str | None):
 
 
 @deploy("Engine")
-def engine(settings: HostSettings | None = None) -> eng.EngineSpec:
+def engine(settings: HostSettings) -> eng.EngineSpec:
     """uv (pinned, from a wheel pushed by the control node), then the engine venv for this
     host's pin, built atomically. Returns the spec (its ``env_dir``, ``id``)."""
-    settings = settings or load_host(host)
     spec, wset = _resolve(settings)
     files.directory(name="Engine tools", path=eng.BIN_DIR, user="root", group="root", mode="755")
     files.directory(name="Engine caches (uv)", path=f"{layout.OPT_DIR}/cache",

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from gpuserve import recipes
 from gpuserve.config import HostSettings
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, shell
 from gpuserve.service import gate_command, tools_enabled
@@ -13,7 +12,6 @@ from gpuserve.service import gate_command, tools_enabled
 def gate(h, s: HostSettings, dep_name: str) -> tuple[bool, str]:
     """(passed, the gate's last line of output)."""
     dep = s.deployment(dep_name)
-    serve = recipes.render(s, dep)
-    ok, output = shell(h, gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s),
+    ok, output = shell(h, gate_command(dep, tool=tools_enabled(s.serve_configs[dep_name]), timeout=dep.ready_timeout_s),
                        timeout=dep.ready_timeout_s + COMMAND_TIMEOUT_S)
     return ok, (output.stderr.strip().splitlines() or ["no output"])[-1]

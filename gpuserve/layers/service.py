@@ -19,11 +19,12 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import apt, files, server, systemd
 
-from gpuserve import api_keys, engine_guard, layout, recipes, rollout
+from gpuserve import api_keys, engine_guard, layout, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
 from gpuserve.facts.service import Deployment, DeploymentState, ReleaseRecords
+from gpuserve.recipes import ServeConfig
 from gpuserve.releases import Ledger, Release, unreferenced
 from gpuserve.values import is_loopback
 from gpuserve.service import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
@@ -37,7 +38,7 @@ def unit_path(deployment: str) -> str:
     return f"/etc/systemd/system/{layout.unit_name(deployment)}"
 
 
-def _secrets_content(settings: HostSettings, dep: DeploymentSettings, serve: recipes.ServeConfig) -> str | None:
+def _secrets_content(settings: HostSettings, dep: DeploymentSettings, serve: ServeConfig) -> str | None:
     """The engine's secrets env, or None when it must be generated on the host (behind the proxy)."""
     if not serve.secret_env_keys:
         return ""
@@ -78,7 +79,7 @@ def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, sta
 def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: RenderedRelease,
                 start: bool) -> None:
     name, rid = dep.name, rendered.id
-    serve = recipes.render(settings, dep)
+    serve = settings.serve_configs[name]   # rendered once, by validation
     state: DeploymentState = host.get_fact(
         Deployment, deployment=name, health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
 
@@ -138,9 +139,8 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
                or (state.active_state == "active" and state.health != 200))
     if restart:
         server.shell(name=f"{name}: (re)start the engine",
-                     commands=[f"systemctl stop {layout.unit_name(name)}",  # drains in-flight requests
-                               f"systemctl reset-failed {layout.unit_name(name)} 2>/dev/null || true",
-                               f"systemctl start --no-block {layout.unit_name(name)}"])
+                     # the stop drains in-flight requests; the start's reset-failed may fail
+                     commands=[rollout.stop(name), rollout.start(name)])
     if restart or state.active_state == "activating":
         server.shell(name=f"{name}: readiness gate (/health, /v1/models, chat"
                           + (", tool call)" if tools_enabled(serve) else ")"),
@@ -163,7 +163,7 @@ def gate_after_reboot(settings: HostSettings, rebooted) -> None:
                               health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
         if state.current is None:
             continue
-        serve = recipes.render(settings, dep)
+        serve = settings.serve_configs[dep.name]
         server.shell(name=f"{dep.name}: started and gated after the reboot",
                      commands=[rollout.start(dep.name),
                                gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)],

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -39,9 +40,9 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt
 
-from gpuserve import checkpoints, layout
+from gpuserve import checkpoints
 from gpuserve import weights as w
-from gpuserve.config import HostSettings, load_host
+from gpuserve.config import HostSettings
 from gpuserve.facts.checkpoints import CheckpointState, host_command, parse_output
 
 GIB = 1 << 30
@@ -63,9 +64,11 @@ class Target:
 
     @classmethod
     def of(cls, s: HostSettings) -> Target:
+        """One revision path (issue 11): the staging fills ``s.checkpoint_dir``, the directory
+        the release serves; its parent is the repository's directory and its name the sha."""
         assert s.model_revision is not None
-        return cls(s.host, checkpoints.Source.of(s), s.model_revision,
-                   layout.model_repo_dir(s.nvme_path, s.model_repo), s.weights_verify,
+        repo_dir, sha = posixpath.split(s.checkpoint_dir)
+        return cls(s.host, checkpoints.Source.of(s), sha, repo_dir, s.weights_verify,
                    int(s.weights_free_margin_gib * GIB), s.weights_fanout, s.weights_cache,
                    s.weights_bwlimit_kib)
 
@@ -301,11 +304,10 @@ def rsync_to_host(host: Any, src_dir: str, dest_dir: str, paths: list[str], bwli
 
 
 @deploy("Weights")
-def weights(settings: HostSettings | None = None):
+def weights(settings: HostSettings):
     """Converge the pinned checkpoint on this host. Returns the checkpoint operation's meta
     (``did_change()`` after execution: the revision was staged or repaired in this run)."""
-    s = settings or load_host(host)
-    target = Target.of(s)
+    target = Target.of(settings)
     checkpoint_space(name=f"Free space for checkpoint {target.label}", target=target)
     if target.fanout == "control-node":
         have_rsync = host.get_fact(Which, "rsync")

@@ -68,7 +68,7 @@ def rendered_yaml(recipe: str, engine: str, **data) -> Path:
     settings, problems = h.settings(recipe, engine, **data)
     assert settings is not None, problems
     path = h.TRUTH / f"{recipe}-{engine}.serve.yaml"
-    path.write_text(recipes.render(settings, "minimax").config_yaml())
+    path.write_text(settings.serve_configs["minimax"].config_yaml())
     return path
 
 

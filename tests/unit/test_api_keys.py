@@ -6,13 +6,12 @@ import pytest
 
 from gpuserve.api_keys import read_api_keys, secret_env
 from gpuserve.config import ConfigError
-from gpuserve.recipes import render
 
 from .helpers import make_inventory, settings_of
 
 
 def config_with_keys_file(path: str):
-    return render(settings_of(make_inventory(host_data={"api_keys_file": path})), "minimax")
+    return settings_of(make_inventory(host_data={"api_keys_file": path})).serve_configs["minimax"]
 
 
 def test_one_key_with_comments_and_blank_lines(tmp_path):
@@ -23,7 +22,7 @@ def test_one_key_with_comments_and_blank_lines(tmp_path):
 
 
 def test_no_keys_file_no_secret_env():
-    assert secret_env(render(settings_of(make_inventory()), "minimax")) == {}
+    assert secret_env(settings_of(make_inventory()).serve_configs["minimax"]) == {}
 
 
 @pytest.mark.parametrize("text, message", [
@@ -63,4 +62,4 @@ def test_a_relative_key_file_is_read_from_where_pyinfra_runs(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     settings = settings_of(make_inventory(host_data={"api_keys_file": "secrets/prod-api-keys"}))
     dep = settings.deployment("minimax")
-    assert _secrets_content(settings, dep, render(settings, dep)) == f"VLLM_API_KEY={key}\n"
+    assert _secrets_content(settings, dep, settings.serve_configs[dep.name]) == f"VLLM_API_KEY={key}\n"

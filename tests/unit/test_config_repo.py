@@ -73,7 +73,7 @@ def test_group_data_all_holds_no_default_of_its_own():
 
 def _settings(root: Path, monkeypatch) -> dict:
     monkeypatch.chdir(root)
-    return {h.name: config.load_host(h) for h in load_inventory("inventories/prod.py")}
+    return config.validate_inventory(load_inventory("inventories/prod.py"))
 
 
 def test_prod_plans_the_same_without_group_data_all(tmp_path, monkeypatch):

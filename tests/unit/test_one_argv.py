@@ -10,7 +10,6 @@ import posixpath
 import pytest
 
 from gpuserve import engine
-from gpuserve.recipes import render
 
 from .helpers import SHA, make_inventory, settings_of
 
@@ -24,7 +23,7 @@ MODEL = "/mnt/nvme/gpuserve/models/m/sha"
 ])
 def test_the_plan_starts_with_the_program_the_unit_runs(group, fleet):
     settings = settings_of(make_inventory(group=group, fleet={"model_revision": SHA, **fleet}))
-    serve = render(settings, "minimax")
+    serve = settings.serve_configs["minimax"]
     spec = engine.spec_for(settings)
     unit = engine.launch_argv(spec, MODEL, "/etc/x/serve.yaml")
     config = {**serve.config, **engine.config_additions(spec, MODEL)}

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from gpuserve import recipes
-from gpuserve.recipes import flag_tokens, render
+from gpuserve.recipes import flag_tokens
 
 from .helpers import FIXTURES, REPO, SHA, make_inventory, settings_of
 
@@ -73,7 +73,7 @@ def blackwell(gpu_model="GB200"):
 @pytest.mark.parametrize("gpu_model", ["H200", "H100"])
 def test_hopper_argv_is_the_seed_command_then_deployment_flags(gpu_model):
     _, seed = read_seed("seed_hopper_x8.sh")
-    argv = render(hopper(gpu_model), "minimax").argv()
+    argv = hopper(gpu_model).serve_configs["minimax"].argv()
     assert argv[:3] == ["vllm", "serve", "MiniMaxAI/MiniMax-M3.1-Flash"] == seed[:3]
     assert len(argv) == len(seed) + len(DEPLOYMENT_FLAGS)
     for i, (want, got) in enumerate(zip(seed, argv, strict=False)):
@@ -84,7 +84,7 @@ def test_hopper_argv_is_the_seed_command_then_deployment_flags(gpu_model):
 @pytest.mark.parametrize("gpu_model", ["GB200", "B200"])
 def test_blackwell_argv_is_the_seed_command_then_deployment_flags(gpu_model):
     env, seed = read_seed("seed_gb200_x4.sh")
-    config = render(blackwell(gpu_model), "minimax")
+    config = blackwell(gpu_model).serve_configs["minimax"]
     argv = config.argv(model_dir="./MiniMax-M3.1-Flash")
     for i, (want, got) in enumerate(zip(seed, argv, strict=False)):
         assert same_token(want, got), (i, want, got)
@@ -106,7 +106,7 @@ def test_recipe_table_is_exactly_the_seed_flags(recipe, fixture):
 
 def test_hopper_env_adds_only_the_gpu_list():
     # the seed exports nothing for Hopper; gpuserve pins the eight GPUs it allocates
-    assert dict(render(hopper(), "minimax").env) == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    assert dict(hopper().serve_configs["minimax"].env) == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
 
 
 def test_deployment_level_settings_render_as_flags():
@@ -114,7 +114,7 @@ def test_deployment_level_settings_render_as_flags():
                                 "serve_host": "10.0.0.5", "serve_port": 8100, "trusted_network": True,
                                 "reasoning_effort": "low", "max_model_len": 65536,
                                 "max_num_seqs": 16})
-    config = render(settings_of(inv), "minimax").config
+    config = settings_of(inv).serve_configs["minimax"].config
     assert config["host"] == "10.0.0.5" and config["port"] == 8100
     assert config["served-model-name"] == "m3"
     assert config["generation-config"] == "vllm"
@@ -125,7 +125,7 @@ def test_deployment_level_settings_render_as_flags():
 
 
 def test_no_effort_flag_unless_asked():
-    assert "default-chat-template-kwargs" not in render(hopper(), "minimax").config
+    assert "default-chat-template-kwargs" not in hopper().serve_configs["minimax"].config
 
 
 def expand_like_vllm(config: dict) -> list[str]:
@@ -146,7 +146,7 @@ def expand_like_vllm(config: dict) -> list[str]:
 @pytest.mark.parametrize("recipe", ["hopper_x8", "blackwell_x4", "mi355x_x4"])
 def test_config_yaml_expands_to_the_inline_argv(recipe):
     settings = settings_of(make_inventory(group=recipe))
-    config = render(settings, "minimax")
+    config = settings.serve_configs["minimax"]
     loaded = yaml.safe_load(config.config_yaml())
     assert loaded == json.loads(json.dumps(dict(config.config)))
     assert isinstance(loaded["attention-config"], dict)  # JSON flags are nested mappings
@@ -157,7 +157,7 @@ def test_config_yaml_expands_to_the_inline_argv(recipe):
 
 
 def test_execstart_argv_needs_no_quoting():
-    config = render(hopper(), "minimax")
+    config = hopper().serve_configs["minimax"]
     argv = config.argv("/mnt/nvme/m", "/etc/gpuserve/minimax/current/serve.yaml")
     assert argv == ["vllm", "serve", "/mnt/nvme/m", "--config",
                     "/etc/gpuserve/minimax/current/serve.yaml"]
@@ -165,13 +165,13 @@ def test_execstart_argv_needs_no_quoting():
 
 
 def test_shell_line_round_trips_through_the_shell():
-    config = render(blackwell(), "minimax")
+    config = blackwell().serve_configs["minimax"]
     assert shlex.split(config.shell_line()) == config.argv()
     assert "'{\"indexer_kv_dtype\":\"nvfp4\",\"use_prefill_query_quantization\":true}'" in config.shell_line()
 
 
 def test_amd_recipe_is_the_derived_table():
-    config = render(settings_of(make_inventory(group="mi355x_x4")), "minimax")
+    config = settings_of(make_inventory(group="mi355x_x4")).serve_configs["minimax"]
     assert config.config["kv-cache-dtype"] == "fp8"
     assert config.config["attention-config"] == {"indexer_kv_dtype": "fp8"}
     assert config.config["quantization-config"] == {"moe": "mxfp8"}
@@ -196,7 +196,7 @@ def test_amd_recipe_is_the_derived_table():
 def test_sglang_launch_args(recipe, expected):
     inv = make_inventory(group=recipe, fleet={"model_revision": SHA, "engine": "sglang",
                                               "torch_backend": "cu130"})
-    config = render(settings_of(inv), "minimax")
+    config = settings_of(inv).serve_configs["minimax"]
     argv = config.argv()
     assert argv[:len(expected)] == expected
     assert argv[len(expected):] == ["--host", "127.0.0.1", "--port", "8000",
@@ -213,7 +213,7 @@ def test_flag_tokens_spell_each_value_kind():
 def test_cpu_recipe_table_is_small_and_cheap():
     inv = make_inventory(group="cpu", fleet={"model_revision": SHA,
                                              "model_repo": "gpuserve-test/tiny-chat"})
-    config = render(settings_of(inv), "minimax")
+    config = settings_of(inv).serve_configs["minimax"]
     assert config.config["tensor-parallel-size"] == 1
     assert config.config["max-model-len"] == 2048
     assert config.config["enforce-eager"] is True
@@ -223,7 +223,7 @@ def test_cpu_recipe_table_is_small_and_cheap():
 
 def test_cpu_recipe_adds_the_block_size_the_minimax_family_needs():
     inv = make_inventory(group="cpu")
-    assert render(settings_of(inv), "minimax").config["block-size"] == 128
+    assert settings_of(inv).serve_configs["minimax"].config["block-size"] == 128
 
 
 def test_model_family_is_a_property_of_the_repo():

@@ -6,7 +6,6 @@ import pytest
 from pyinfra.api import Inventory
 
 from gpuserve.config import ConfigError, validate_inventory
-from gpuserve.recipes import render
 
 from .helpers import SHA, key_file, make_inventory, one_problem, problems_of, settings_of
 
@@ -42,8 +41,8 @@ def test_two_deployments_split_the_gpus():
         "a": {"serve_flags": {"tensor-parallel-size": 4}},
         "b": {"serve_port": 8001, "serve_flags": {"tensor-parallel-size": 4}}}})
     s = settings_of(inv)
-    assert render(s, "a").env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
-    assert render(s, "b").env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert s.serve_configs["a"].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert s.serve_configs["b"].env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
 
 
 def test_nvfp4_kv_cache_on_hopper():
@@ -89,7 +88,7 @@ def test_block_size_is_a_model_property_not_a_recipe_one():
     inv = make_inventory(group="cpu", fleet={"model_revision": SHA,
                                              "model_repo": "gpuserve-test/tiny-chat",
                                              "serve_flags": {"block-size": 16}})
-    assert render(settings_of(inv), "minimax").config["block-size"] == 16
+    assert settings_of(inv).serve_configs["minimax"].config["block-size"] == 16
 
 
 def test_sglang_page_size_other_than_128_for_minimax():
@@ -276,7 +275,7 @@ def test_serve_flags_override_add_and_remove():
         "limit-mm-per-prompt": None,  # removed
         "max-num-seqs": 8,  # the recipe's, since max_num_seqs is not set
     }})
-    config = render(settings_of(inv), "minimax").config
+    config = settings_of(inv).serve_configs["minimax"].config
     flags = list(config)
     assert config["gpu-memory-utilization"] == 0.85
     assert flags.index("gpu-memory-utilization") == 8
@@ -336,7 +335,7 @@ def test_secrets_given_inline(inventory, key, source):
 
 def test_api_keys_file_renders_a_masked_secret_env(tmp_path):
     keys = key_file(tmp_path)
-    config = render(settings_of(make_inventory(host_data={"api_keys_file": str(keys)})), "minimax")
+    config = settings_of(make_inventory(host_data={"api_keys_file": str(keys)})).serve_configs["minimax"]
     assert config.secret_env == {"VLLM_API_KEY": str(keys)}
     assert config.secret_env_keys == ("VLLM_API_KEY",)
     assert "VLLM_API_KEY=***" in config.env_lines()

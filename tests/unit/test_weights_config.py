@@ -46,3 +46,36 @@ def test_a_branch_is_still_refused_and_the_error_says_how_to_pin():
     msg = one_problem(make_inventory(fleet={"model_revision": "main"}))
     assert msg.startswith("h1: model_revision (from group 'fleet'): 'main' is not a commit sha")
     assert "gpuserve resolve <repo> <branch>" in msg
+
+
+def test_one_revision_path_from_group_data_to_the_host():
+    """Issue 11: the staging fills the very directory the release serves, for a repo, revision and
+    NVMe path that are not the defaults (one computation: HostSettings.checkpoint_dir)."""
+    import yaml
+
+    from gpuserve import engine
+    from gpuserve import weights as w
+    from gpuserve.service import desired_releases
+
+    sha = "fedcba9876543210fedcba9876543210fedcba98"
+    s = settings_of(make_inventory(group="cpu", host_data={"nvme_path": "/srv/fast"},
+                                   fleet={"model_repo": "Qwen/Qwen3-0.6B", "model_revision": sha}))
+    path = f"/srv/fast/gpuserve/models/Qwen--Qwen3-0.6B/{sha}"
+    t = Target.of(s)
+    assert (t.sha, t.label) == (sha, f"Qwen/Qwen3-0.6B@{sha[:12]}")
+    assert s.checkpoint_dir == t.final == w.final_dir(t.repo_dir, t.sha) == path   # where staging puts it
+    release = desired_releases(s, engine.spec_for(s))["minimax"]
+    assert release.release.checkpoint["path"] == path                             # what the release serves
+    assert yaml.safe_load(release.files["serve.yaml"])["model"] == path       # what the engine loads
+
+
+def test_the_staging_follows_the_releases_checkpoint_dir(monkeypatch):
+    """Target derives from HostSettings.checkpoint_dir, not from a second join: were the layout
+    to change, the staging would still fill the directory the release serves."""
+    from gpuserve import layout
+
+    s = settings_of(make_inventory())
+    monkeypatch.setattr(layout, "checkpoint_dir", lambda nvme, repo, sha: f"{nvme}/elsewhere/{sha}")
+    t = Target.of(s)
+    assert t.final == s.checkpoint_dir == f"/mnt/nvme/elsewhere/{SHA}"
+    assert (t.repo_dir, t.sha) == ("/mnt/nvme/elsewhere", SHA)
