@@ -270,7 +270,8 @@ def _python_version(c: _Checker) -> str | None:
     if text not in PYTHON_VERSIONS:
         hint = (" (it arrived as a number, which drops a trailing zero: 3.10 reads as 3.1)"
                 if isinstance(value, float) else "")
-        c.problem("python_version", f"{value!r} is outside 3.11-3.14{hint}; use one of "
+        span = f"{PYTHON_VERSIONS[0]}-{PYTHON_VERSIONS[-1]}"
+        c.problem("python_version", f"{value!r} is outside {span}{hint}; use one of "
                   f"{', '.join(PYTHON_VERSIONS)} (as a string)")
         return None
     return text
@@ -437,8 +438,9 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if why:
         c.problem("nvme_path", why)
     margin = c.get("weights_free_margin_gib")
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
-        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= 0 (GiB)")
+    least = schema.allowed("weights_free_margin_gib").lo
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < least:
+        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= {least} (GiB)")
     reboot = c.choice("reboot")
     unavailable = c.get("max_unavailable")
     if not (isinstance(unavailable, str) and rollout.PERCENT.fullmatch(unavailable)) and not (
@@ -1032,10 +1034,10 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
     policy = c.choice("gateway_policy")
     abs_t = c.ranged("gateway_balance_abs_threshold")
     rel = c.get("gateway_balance_rel_threshold")
-    lo, hi = schema.allowed("gateway_balance_rel_threshold").lo, schema.allowed("gateway_balance_rel_threshold").hi
-    if isinstance(rel, bool) or not isinstance(rel, (int, float)) or not lo <= rel <= hi:
-        c.problem("gateway_balance_rel_threshold", f"{rel!r} is not allowed; use a number from 1.0 "
-                  "(a multiple of the fleet's mean load) to 100")
+    span = schema.allowed("gateway_balance_rel_threshold")
+    if isinstance(rel, bool) or not isinstance(rel, (int, float)) or not span.lo <= rel <= span.hi:
+        c.problem("gateway_balance_rel_threshold", f"{rel!r} is not allowed; use a number from {span.lo} "
+                  f"(a multiple of the fleet's mean load) to {span.hi}")
     sticky = c.get("gateway_sticky_header")
     if sticky is not None and not (isinstance(sticky, str) and re.fullmatch(gateway.HEADER_NAME, sticky)):
         c.problem("gateway_sticky_header", f"{sticky!r} is not a header name (letters, digits, '-')")
