@@ -1001,7 +1001,7 @@ def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
         host=c.name, groups=tuple(c.host.groups), hardware=HardwareProfile("cpu", 0, False), recipe="",
         recipe_explicit=False, model_repo="", model_revision=None, model_source="",
         hf_endpoint=None, model_local_path=None, engine="", engine_version="", engine_package="",
-        python_version=_python_version(c) or "3.12", torch_backend="", deployments=(),
+        python_version=_python_version(c) or schema.default("python_version"), torch_backend="", deployments=(),
         stack=gpu_stack, sources=MappingProxyType(dict(c.sources)),
         warnings=tuple(c.warnings), serves=False, gateway=gw, monitor=mon, **level, **build)
     return settings, []

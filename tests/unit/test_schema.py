@@ -158,3 +158,12 @@ def test_the_checks_take_their_choices_from_the_schema(key):
     assert key.name in _problem_keys(_inventory(key, "nope"))
     for value in key.allowed.values:
         assert key.name not in _problem_keys(_inventory(key, value)), value
+
+
+def test_the_recipe_row_names_the_recipes_the_code_has():
+    """recipe's allowed is prose (the schema cannot import the recipe catalogue): it must still
+    name every recipe and no other."""
+    from gpuserve.recipes import RECIPES
+
+    named = [n.strip() for n in schema.key("recipe").allowed.split("(")[0].replace("`", "").split(", ")]
+    assert sorted(named) == sorted(RECIPES)
