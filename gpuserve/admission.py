@@ -25,18 +25,16 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpuserve import schema
+
 # The query, in this order. pci.bus_id ties kernel-log XIDs (PCI:0000:18:00) to a GPU.
 QUERY_FIELDS = ("index", "uuid", "pci.bus_id", "persistence_mode", "ecc.mode.current",
                 "ecc.errors.uncorrected.volatile.total", "retired_pages.pending", "remapped_rows.failure",
                 "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max")
 QUERY = ",".join(QUERY_FIELDS)
 
-# XIDs that need a GPU reset, a reboot or hardware service per NVIDIA's Xid catalog (resolution
-# bucket RESET_GPU / RESTART_BM / CONTACT_SUPPORT on H100/B200): a host that logged one since boot
-# does not enter rotation. 13, 31, 43 and 45 are left out on purpose: the catalog files them
-# under RESTART_APP (an application's own fault: illegal address, MMU fault, killed channel),
-# and one crashed process must not take a healthy host out. Add them in group data if wanted.
-DEFAULT_XID_FATAL = (48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120)
+# the admission_xid_fatal default (why these XIDs: gpuserve.schema)
+DEFAULT_XID_FATAL = tuple(schema.default("admission_xid_fatal"))
 
 CHECKS = ("visible", "persistence", "ecc_mode", "ecc_uncorrectable", "retired_pages_pending",
           "row_remap_failure", "pcie_gen", "pcie_width", "nvlink", "fabric_manager", "xid")
@@ -46,12 +44,12 @@ CHECKS = ("visible", "persistence", "ecc_mode", "ecc_uncorrectable", "retired_pa
 class AdmissionSettings:
     """Thresholds from group data (validated by gpuserve.stack.settings_from)."""
 
-    enabled: bool = True
-    max_uncorrectable_ecc: int = 0
-    allow_pending_retired_pages: bool = False
+    enabled: bool = schema.default("admission")
+    max_uncorrectable_ecc: int = schema.default("admission_max_uncorrectable_ecc")
+    allow_pending_retired_pages: bool = schema.default("admission_allow_pending_retired_pages")
     xid_fatal: tuple[int, ...] = DEFAULT_XID_FATAL
-    pcie_min_gen: int | None = None      # None: the GPU's own maximum
-    pcie_min_width: int | None = None    # None: the GPU's own maximum
+    pcie_min_gen: int | None = schema.default("admission_pcie_min_gen")      # None: the GPU's own maximum
+    pcie_min_width: int | None = schema.default("admission_pcie_min_width")  # None: the GPU's own maximum
 
 
 @dataclass(frozen=True)

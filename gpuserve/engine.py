@@ -29,14 +29,14 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpuserve import engine_pins, layout, recipes
+from gpuserve import engine_pins, layout, recipes, schema
 from gpuserve.packages import module_entry_point, normalize, program  # noqa: F401 - engine.normalize is API
 
 if TYPE_CHECKING:
     from gpuserve.config import HostSettings
 
-UV_VERSION = "0.13.9"  # the newest 0.13.x on PyPI; group data key ``uv_version``
-PYTHON_DOWNLOADS = ("automatic", "never")
+UV_VERSION = schema.default("uv_version")  # the group data key's default (gpuserve.schema)
+PYTHON_DOWNLOADS = schema.choices("python_downloads")
 
 # Host paths of this layer (beside layout.ENVS_DIR, on the same filesystem: uv hard-links from
 # its cache into the venvs only within one filesystem).

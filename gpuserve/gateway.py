@@ -23,14 +23,14 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from gpuserve import layout
+from gpuserve import layout, schema
 
 # Inventory groups whose hosts serve no model unless they also set gpu_model (a hardware group).
 # The monitoring tier adds "monitor" here the same way.
 GATEWAY_GROUP = "gateway"
 
 SMG_PACKAGE = "smg"
-SMG_VERSION = "1.13.0"   # the version evaluated in issue 14
+SMG_VERSION = schema.default("smg_version")   # the version evaluated in issue 14 (gpuserve.schema)
 UNIT = "gpuserve-gateway.service"
 # beside /etc/gpuserve, not in it: on a host that also serves, /etc/gpuserve is root:gpuserve
 # 0750, and smg (a dynamic user) could not read its CA file there, so it never started
@@ -43,13 +43,10 @@ NGINX_NAME = "gateway"   # gpuserve/gateway.keys, ... beside the deployments' (p
 NGINX_CONF = "/etc/nginx/conf.d/gpuserve-gateway.conf"   # proxy_conf.OWN_NAMES has "gateway"
 MANIFEST_VERSION = 1     # smg 1.13.0 service_discovery/file.rs: {"version": 1, "workers": [...]}
 
-# smg 1.13.0 `smg launch --policy` choices that route plain (non-PD) HTTP workers and that
-# gpuserve supports (random, passthrough, least_load, manual are left out on purpose)
-POLICIES = ("cache_aware", "prefix_hash", "consistent_hashing", "round_robin", "power_of_two")
-# measured in issue 14: smg's defaults (abs 32 / rel 1.5 there) let stickiness fall to 72% over
-# 10 prefixes on a small pool; 4 / 1.2 kept it at 100%
-DEFAULT_BALANCE_ABS = 4
-DEFAULT_BALANCE_REL = 1.2
+# the smg policies gpuserve supports and its spill gate's defaults: why these, in gpuserve.schema
+POLICIES = schema.choices("gateway_policy")
+DEFAULT_BALANCE_ABS = schema.default("gateway_balance_abs_threshold")
+DEFAULT_BALANCE_REL = schema.default("gateway_balance_rel_threshold")
 HEADER_NAME = r"[A-Za-z0-9-]{1,64}"
 
 

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from gpuserve import schema
+
 MONITOR_GROUP = "monitor"
 PROMETHEUS_PORT = 9090       # on the monitor host, loopback only
 ALERTMANAGER_PORT = 9093     # on the monitor host, loopback only
@@ -76,24 +78,24 @@ SCOPE = "host, deployment"   # what every per-engine series is kept by
 
 @dataclass(frozen=True)
 class MonitorSettings:
-    """The monitoring keys of one host (validated by gpuserve.config)."""
-    retention: str = "15d"
-    storage_path: str = "/var/lib/prometheus/metrics2"
-    scrape_interval_s: int = 15
-    slo_ttft_p95_s: float = 2.0
-    slo_e2e_p95_s: float = 60.0
-    slo_error_ratio: float = 0.01
-    alert_nvme_free_gib: float = 100.0
-    watchdog: bool = True
-    watchdog_stall_s: int = 60
-    watchdog_probe_timeout_s: int = 30
-    watchdog_max_restarts: int = 3
-    watchdog_window_s: int = 3600
-    canary_hosts: int = 1
-    canary_bake_s: int = 300
-    canary_error_ratio_max: float = 0.01
-    canary_ttft_p95_ratio_max: float = 1.5
-    canary_e2e_p95_ratio_max: float = 1.5
+    """The monitoring keys of one host (validated by gpuserve.config; defaults: gpuserve.schema)."""
+    retention: str = schema.default("monitor_retention")
+    storage_path: str = schema.default("monitor_storage_path")
+    scrape_interval_s: int = schema.default("monitor_scrape_interval_s")
+    slo_ttft_p95_s: float = schema.default("slo_ttft_p95_s")
+    slo_e2e_p95_s: float = schema.default("slo_e2e_p95_s")
+    slo_error_ratio: float = schema.default("slo_error_ratio")
+    alert_nvme_free_gib: float = schema.default("alert_nvme_free_gib")
+    watchdog: bool = schema.default("watchdog")
+    watchdog_stall_s: int = schema.default("watchdog_stall_s")
+    watchdog_probe_timeout_s: int = schema.default("watchdog_probe_timeout_s")
+    watchdog_max_restarts: int = schema.default("watchdog_max_restarts")
+    watchdog_window_s: int = schema.default("watchdog_window_s")
+    canary_hosts: int = schema.default("canary_hosts")
+    canary_bake_s: int = schema.default("canary_bake_s")
+    canary_error_ratio_max: float = schema.default("canary_error_ratio_max")
+    canary_ttft_p95_ratio_max: float = schema.default("canary_ttft_p95_ratio_max")
+    canary_e2e_p95_ratio_max: float = schema.default("canary_e2e_p95_ratio_max")
 
 
 @dataclass(frozen=True)

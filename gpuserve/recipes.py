@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
-from gpuserve import engine_pins
+from gpuserve import engine_pins, schema
 from gpuserve.errors import Problem
 from gpuserve.packages import program
 from gpuserve.hardware import GPU_MODELS
@@ -101,7 +101,7 @@ GENERIC = ModelFamily(
 )
 MODEL_FAMILIES = (MINIMAX_M3, GENERIC)
 
-REASONING_EFFORTS = ("low", "medium", "high", "xhigh", "max")  # max is the model's default
+REASONING_EFFORTS = schema.choices("reasoning_effort")  # max is the model's default (gpuserve.schema)
 EFFORT_KWARG = "reasoning_effort"  # chat_template_kwargs key (vLLM's MiniMax-M3.1-Flash recipe)
 
 

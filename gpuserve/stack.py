@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpuserve import admission
+from gpuserve import admission, schema
 from gpuserve.hardware import GPU_MODELS
 from gpuserve.values import url_problem
 
@@ -42,42 +42,18 @@ class StackConfigError(StackError, ValueError):
 
 
 # --- group data ---------------------------------------------------------------------------------
-# Documented in docs/gpu-stack.md. Hardware (gpu_model, gpu_count, nvswitch) is declared by the
-# hardware groups (group_data/hopper_x8.py, ...); the rest are settings with these defaults.
-DEFAULTS: dict[str, object] = {
-    "gpu_stack": True,
-    "gpu_model": None,
-    "gpu_count": 0,
-    "nvswitch": False,
-    "nvidia_driver_version": "580.95.05",
-    "nvidia_driver_flavour": "open",
-    "cuda_toolkit": "13-0",
-    "cuda_repo_url": "https://developer.download.nvidia.com/compute/cuda/repos",
-    "cuda_keyring_version": "1.1-1",
-    "cuda_keyring_sha256": None,
-    "dcgm": False,
-    "dcgm_version": "4.4.1",
-    "rocm_version": "7.2",
-    "rocm_repo_url": "https://repo.radeon.com",
-    "reboot": "never",
-    "reboot_delay": 30,
-    "reboot_timeout": 1800,
-    # admission checks (gpuserve.admission) after verification: a host failing one is refused
-    "admission": True,
-    "admission_max_uncorrectable_ecc": 0,
-    "admission_allow_pending_retired_pages": False,
-    "admission_xid_fatal": list(admission.DEFAULT_XID_FATAL),
-    "admission_pcie_min_gen": None,     # None: the GPU's own maximum (pcie.link.gen.max)
-    "admission_pcie_min_width": None,   # None: the GPU's own maximum (pcie.link.width.max)
-}
+# Documented in docs/configuration.md ("GPU stack"). Hardware (gpu_model, gpu_count, nvswitch) is
+# declared by the hardware groups (group_data/hopper_x8.py, ...); the rest are settings. Their
+# defaults and bounds: gpuserve.schema (this is its view for the stack's keys).
+DEFAULTS: dict[str, object] = schema.defaults("gpu stack", stack=True)
 
 
-FLAVOURS = ("open", "proprietary")
+FLAVOURS = schema.choices("nvidia_driver_flavour")
 # oldest driver branch each CUDA major runs on
 CUDA_MIN_BRANCH = {12: 525, 13: 580}
 # pinning packages (and the exact fabric manager naming this module knows) start with 580
 MIN_BRANCH = 580
-REBOOT_POLICIES = ("never", "allowed")
+REBOOT_POLICIES = schema.choices("reboot")
 SUPPORTED_OS = ("debian12", "ubuntu2204", "ubuntu2404")
 
 _DRIVER_VERSION = re.compile(r"^(\d{3})\.\d{1,3}(\.\d{1,3})?$")
@@ -104,7 +80,7 @@ class StackSettings:
     reboot_delay: int
     reboot_timeout: int
     admission: admission.AdmissionSettings = admission.AdmissionSettings()
-    dcgm_version: str = "4.4.1"
+    dcgm_version: str = schema.default("dcgm_version")
 
     @property
     def vendor(self) -> str | None:
@@ -132,8 +108,13 @@ def _bool(data: Mapping, key: str) -> bool:
     return value
 
 
-def _int(data: Mapping, key: str, low: int, high: int) -> int:
-    value = data.get(key, DEFAULTS[key])
+def _int(data: Mapping, key: str, low: int | None = None, high: int | None = None,
+         missing: object = None) -> int:
+    """A whole number; ``low``/``high`` default to the schema's bounds for ``key``."""
+    spec = schema.allowed(key)
+    low = spec.lo if low is None else low
+    high = spec.hi if high is None else high
+    value = data.get(key, DEFAULTS[key] if missing is None else missing)
     if isinstance(value, str) and value.isdigit():   # --data k=v gives strings
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -149,9 +130,10 @@ def _url(data: Mapping, key: str) -> str:
     return value.rstrip("/")
 
 
-def _optional_int(data: Mapping, key: str, low: int, high: int) -> int | None:
+def _optional_int(data: Mapping, key: str) -> int | None:
     if data.get(key, DEFAULTS[key]) is None:
         return None
+    low, high = schema.allowed(key).lo, schema.allowed(key).hi
     try:
         return _int(data, key, low, high)
     except StackConfigError:
@@ -171,11 +153,11 @@ def admission_settings_from(data: Mapping) -> admission.AdmissionSettings:
                                                       f"{list(admission.DEFAULT_XID_FATAL)}, got {xids!r}")
     return admission.AdmissionSettings(
         enabled=_bool(data, "admission"),
-        max_uncorrectable_ecc=_int(data, "admission_max_uncorrectable_ecc", 0, 1_000_000),
+        max_uncorrectable_ecc=_int(data, "admission_max_uncorrectable_ecc"),
         allow_pending_retired_pages=_bool(data, "admission_allow_pending_retired_pages"),
         xid_fatal=tuple(sorted(set(xids))),
-        pcie_min_gen=_optional_int(data, "admission_pcie_min_gen", 1, 6),
-        pcie_min_width=_optional_int(data, "admission_pcie_min_width", 1, 32),
+        pcie_min_gen=_optional_int(data, "admission_pcie_min_gen"),
+        pcie_min_width=_optional_int(data, "admission_pcie_min_width"),
     )
 
 
@@ -189,7 +171,8 @@ def settings_from(data: Mapping) -> StackSettings:
     model = data.get("gpu_model", DEFAULTS["gpu_model"])
     if model is not None and (not isinstance(model, str) or model not in GPU_MODELS):
         raise StackConfigError("gpu_model", f"unknown GPU model {model!r}; known: {', '.join(GPU_MODELS)}")
-    count = _int(data, "gpu_count", 1 if model not in (None, "cpu") else 0, 16)
+    # unset: no GPUs here (gpuserve.config requires gpu_count on a serving host)
+    count = _int(data, "gpu_count", 1 if model not in (None, "cpu") else 0, missing=0)
     nvswitch = _bool(data, "nvswitch")
     if nvswitch and model and GPU_MODELS[model].vendor != "nvidia":
         raise StackConfigError("nvswitch", f"{model} hosts have no NVSwitches; set nvswitch: False")
@@ -247,8 +230,8 @@ def settings_from(data: Mapping) -> StackSettings:
         cuda_repo_url=_url(data, "cuda_repo_url"), cuda_keyring_version=keyring_version,
         cuda_keyring_sha256=sha, dcgm=_bool(data, "dcgm"), rocm_version=rocm,
         rocm_repo_url=_url(data, "rocm_repo_url"), reboot_allowed=reboot == "allowed",
-        reboot_delay=_int(data, "reboot_delay", 0, 3600),
-        reboot_timeout=_int(data, "reboot_timeout", 30, 7200),
+        reboot_delay=_int(data, "reboot_delay"),
+        reboot_timeout=_int(data, "reboot_timeout"),
         admission=admission_settings_from(data), dcgm_version=dcgm_version,
     )
 

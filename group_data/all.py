@@ -1,6 +1,6 @@
 """What every host of every inventory in this repository shares, beyond gpuserve's defaults.
 
-Nothing yet: every default lives in the package (gpuserve.config, gpuserve.stack), so a config
+Nothing yet: every default lives in the package (gpuserve.schema), so a config
 repo of its own (docs/config-repo.md) gets them by installing gpuserve, with no copy of this
 file. Set a key here only to change it for the whole repository, e.g.::
 

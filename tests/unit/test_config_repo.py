@@ -13,11 +13,11 @@ import pytest
 from setuptools import find_namespace_packages
 
 import gpuserve.deploys as packaged
-from gpuserve import config, stack
+from gpuserve import config, schema
 from gpuserve.plan import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULTS = {**stack.DEFAULTS, **config.DEPLOYMENT_DEFAULTS, **config.HOST_DEFAULTS}
+DEFAULTS = {k.name: k.default for k in schema.KEYS}   # gpuserve.schema: every default, once
 
 
 def test_every_deploy_of_the_repository_is_packaged():
