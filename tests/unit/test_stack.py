@@ -3,11 +3,12 @@
 import pytest
 
 from gpuserve import stack
+from gpuserve.hardware import PROFILES
 from gpuserve.stack import FoundGpu, PackageSpec, StackConfigError
 
-HOPPER = {"gpu_model": "H200", "gpu_count": 8, "nvswitch": True}
-BLACKWELL = {"gpu_model": "GB200", "gpu_count": 4, "nvswitch": True}
-MI355X = {"gpu_model": "MI355X", "gpu_count": 4}
+HOPPER = PROFILES["hopper_x8"].group_data()
+BLACKWELL = PROFILES["blackwell_x4"].group_data()
+MI355X = PROFILES["mi355x_x4"].group_data()
 
 
 def settings(base=None, **data):
