@@ -1,9 +1,9 @@
 """The GPU catalogue: what gpuserve knows about each accelerator model, and a host's hardware profile.
 
 A ``HardwareProfile`` is either *declared* (inventory / group data: ``gpu_model``, ``gpu_count``,
-``nvswitch``, ``gpu_memory_gib``) or *observed* (facts: ``nvidia-smi`` / ``amd-smi``, see
-``gpuserve.facts.gpus``). Plan-time validation works from the declared one; the GPU-stack layer
-compares the two (``gpuserve.stack.check_gpus``).
+``nvswitch``, ``gpu_memory_gib``) or *observed* (facts: ``nvidia-smi`` / ``amd-smi``, each GPU a
+``GpuInfo``, see ``gpuserve.facts.gpus``). Plan-time validation works from the declared one;
+the GPU-stack layer compares the two (``gpuserve.stack.check_gpus``).
 
 ``PROFILES`` is the one table of each recipe profile's machines (see below).
 """
@@ -39,6 +39,22 @@ GPU_MODELS: dict[str, GpuModel] = {
         GpuModel("cpu", "cpu", "cpu", nvfp4_kv_cache=False),
     )
 }
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as its vendor tool lists it (parsed by gpuserve.facts.gpus, for ``gpuserve status``
+    and the GPU-stack verification alike)."""
+
+    index: int
+    vendor: str  # nvidia | amd
+    name: str  # as the tool reports it: "NVIDIA H100 80GB HBM3", "AMD Instinct MI355X"
+    model: str  # normalized: H100, MI355X, ... (the report's name when unknown)
+    memory_mib: int | None = None
+    driver_version: str | None = None
+    bus_id: str | None = None
+    uuid: str | None = None
+    gfx: str | None = None  # AMD TARGET_GRAPHICS_VERSION
 
 
 @dataclass(frozen=True)
