@@ -52,13 +52,14 @@ for g in report.gpus:
     print(f"  {g}")
 profile = report.profile
 print(f"hardware profile: {profile.describe() if profile else None}")
-smi = nvidia.parse_nvidia_smi(text("nvidia_smi_gpus").splitlines())
-print(f"nvidia-smi fact: {smi}")
+smi = gpus.parse_nvidia_smi(text("nvidia_smi_gpus"))   # the GPU stack's fact, same parser
+print(f"nvidia-smi fact: gpus={len(smi.gpus)} error={smi.error}")
 module = nvidia.parse_module_versions(text("nvidia_kernel_module").splitlines())
 print(f"kernel module fact: {module}")
 cuda = nvidia.parse_cuda_check(text("cuda_device_count").splitlines())
 print(f"CUDA check: count={cuda.count} error={cuda.error}")
-ok = report.error is None and bool(report.gpus) and cuda.count == len(report.gpus)
+ok = (report.error is None and bool(report.gpus) and cuda.count == len(report.gpus)
+      and smi.error is None and smi.gpus == report.gpus)
 print("SMOKE", "OK" if ok else "NOT OK", f"(fixtures in {out})")
 EOF
 rc=$?

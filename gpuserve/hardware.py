@@ -1,9 +1,11 @@
 """The GPU catalogue: what gpuserve knows about each accelerator model, and a host's hardware profile.
 
 A ``HardwareProfile`` is either *declared* (inventory / group data: ``gpu_model``, ``gpu_count``,
-``nvswitch``, ``gpu_memory_gib``) or *observed* (facts: ``nvidia-smi`` / ``amd-smi``, see
-``gpuserve.facts.gpus``). Plan-time validation works from the declared one; the GPU-stack layer
-compares the two with ``mismatches``.
+``nvswitch``, ``gpu_memory_gib``) or *observed* (facts: ``nvidia-smi`` / ``amd-smi``, each GPU a
+``GpuInfo``, see ``gpuserve.facts.gpus``). Plan-time validation works from the declared one;
+the GPU-stack layer compares the two (``gpuserve.stack.check_gpus``).
+
+``PROFILES`` is the one table of each recipe profile's machines (see below).
 """
 
 from __future__ import annotations
@@ -40,6 +42,22 @@ GPU_MODELS: dict[str, GpuModel] = {
 
 
 @dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as its vendor tool lists it (parsed by gpuserve.facts.gpus, for ``gpuserve status``
+    and the GPU-stack verification alike)."""
+
+    index: int
+    vendor: str  # nvidia | amd
+    name: str  # as the tool reports it: "NVIDIA H100 80GB HBM3", "AMD Instinct MI355X"
+    model: str  # normalized: H100, MI355X, ... (the report's name when unknown)
+    memory_mib: int | None = None
+    driver_version: str | None = None
+    bus_id: str | None = None
+    uuid: str | None = None
+    gfx: str | None = None  # AMD TARGET_GRAPHICS_VERSION
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     gpu_model: str  # a key of GPU_MODELS, or an unknown name as reported
     gpu_count: int
@@ -70,3 +88,39 @@ class HardwareProfile:
         if self.driver_version:
             parts.append(f"driver {self.driver_version}")
         return ", ".join(parts)
+
+
+# --- the recipe profiles' hardware ----------------------------------------------------------------
+# The one table of it: recipes.RECIPES and RECIPE_FOR_HARDWARE, plan.PROFILE_HARDWARE (a bare
+# ``gpuserve plan --profile``), the sandbox's simulated machines (gpuserve_sandbox.simgpu) and the
+# unit tests' inventories are derived from it; group_data/<profile>.py declares the same three
+# values as plain data for operators to copy (tests/unit/test_hardware_profiles.py ties them).
+
+
+@dataclass(frozen=True)
+class ProfileHardware:
+    """The machines one recipe profile is written for."""
+
+    gpu_model: str  # the reference machine's model: the seeds', the sandbox's, a bare plan's
+    gpu_count: int
+    nvswitch: bool
+    gpu_models: tuple[str, ...]  # every model that gets this profile (with gpu_count GPUs)
+
+    @property
+    def reference(self) -> HardwareProfile:
+        return HardwareProfile(self.gpu_model, self.gpu_count, self.nvswitch)
+
+    def group_data(self) -> dict[str, object]:
+        """The reference machine as group data declares it (group_data/<profile>.py)."""
+        return {"gpu_model": self.gpu_model, "gpu_count": self.gpu_count, "nvswitch": self.nvswitch}
+
+
+PROFILES: dict[str, ProfileHardware] = {
+    # HGX H200 (or H100): 8 GPUs on NVSwitch
+    "hopper_x8": ProfileHardware("H200", 8, True, gpu_models=("H100", "H200")),
+    # GB200 (or B200): 4 GPUs on an NVLink 5 switch fabric
+    "blackwell_x4": ProfileHardware("GB200", 4, True, gpu_models=("B200", "GB200")),
+    # AMD Instinct MI355X (or MI350X): 4 GPUs on Infinity Fabric (XGMI), no NVSwitch
+    "mi355x_x4": ProfileHardware("MI355X", 4, False, gpu_models=("MI355X", "MI350X")),
+    "cpu": ProfileHardware("cpu", 0, False, gpu_models=("cpu",)),
+}

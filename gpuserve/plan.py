@@ -15,7 +15,7 @@ import click
 from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
-from gpuserve import recipes
+from gpuserve import hardware, recipes
 from gpuserve.config import ConfigError, HostSettings, validate_inventory
 from gpuserve.config_repo import no_group_data_hint
 from gpuserve.recipes import ServeConfig
@@ -23,12 +23,7 @@ from gpuserve.recipes import ServeConfig
 FORMATS = ("text", "argv", "yaml", "json")
 
 # The hardware a bare ``--profile`` plan assumes (the seeds' machines).
-PROFILE_HARDWARE = {
-    "hopper_x8": {"gpu_model": "H200", "gpu_count": 8, "nvswitch": True},
-    "blackwell_x4": {"gpu_model": "GB200", "gpu_count": 4, "nvswitch": True},
-    "mi355x_x4": {"gpu_model": "MI355X", "gpu_count": 4, "nvswitch": False},
-    "cpu": {"gpu_model": "cpu", "gpu_count": 0, "nvswitch": False},
-}
+PROFILE_HARDWARE = {name: hw.group_data() for name, hw in hardware.PROFILES.items()}
 
 
 def _override_data(pairs: tuple[str, ...]) -> dict[str, Any]:

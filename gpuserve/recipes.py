@@ -28,7 +28,7 @@ import yaml
 from gpuserve import engine_pins, schema
 from gpuserve.errors import Problem
 from gpuserve.packages import program
-from gpuserve.hardware import GPU_MODELS
+from gpuserve.hardware import GPU_MODELS, PROFILES
 
 if TYPE_CHECKING:  # only for annotations: config imports this module
     from gpuserve.config import DeploymentSettings, HostSettings
@@ -134,8 +134,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="hopper_x8",
             summary="NVIDIA H100/H200 x8, TP8, FP8 KV cache, Marlin MoE",
-            gpu_models=("H100", "H200"),
-            gpu_count=8,
+            gpu_models=PROFILES["hopper_x8"].gpu_models,
+            gpu_count=PROFILES["hopper_x8"].gpu_count,
             model_families=("minimax-m3",),
             # The seed's H100/H200 command, flag for flag, in its order.
             vllm=EngineTable(
@@ -185,8 +185,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="blackwell_x4",
             summary="NVIDIA B200/GB200 x4, TP4, NVFP4 KV cache, DSpark speculative decoding",
-            gpu_models=("B200", "GB200"),
-            gpu_count=4,
+            gpu_models=PROFILES["blackwell_x4"].gpu_models,
+            gpu_count=PROFILES["blackwell_x4"].gpu_count,
             model_families=("minimax-m3",),
             # The seed's GB200 command, flag for flag, in its order (its --host/--port are
             # the deployment-level serve_host/serve_port, rendered right after these).
@@ -237,8 +237,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="mi355x_x4",
             summary="AMD MI355X/MI350X x4, TP4, FP8 KV cache, experts re-quantized to MXFP8",
-            gpu_models=("MI355X", "MI350X"),
-            gpu_count=4,
+            gpu_models=PROFILES["mi355x_x4"].gpu_models,
+            gpu_count=PROFILES["mi355x_x4"].gpu_count,
             model_families=("minimax-m3",),
             # Derived: the seeds give no vLLM flags for AMD. Start from the MI355X single-node
             # command in vLLM's own recipe file (VLLM_M31_RECIPE), which targets a nightly image,
@@ -282,8 +282,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="cpu",
             summary="vLLM's CPU build on a tiny checkpoint, for test hosts",
-            gpu_models=tuple(GPU_MODELS),
-            gpu_count=0,
+            gpu_models=tuple(GPU_MODELS),  # runs anywhere (hardware.PROFILES["cpu"] derives it)
+            gpu_count=PROFILES["cpu"].gpu_count,
             model_families=None,
             # Measured on 2 cores (docs/sandbox-engine.md): eager + one in-process worker starts
             # in ~15 s with ~1.2 GB; the KV cache must be sized, or it takes 92 % of all RAM.
@@ -317,15 +317,8 @@ RECIPES: dict[str, Recipe] = {
 }
 
 # Hardware -> recipe, when ``recipe`` is not set explicitly.
-RECIPE_FOR_HARDWARE = {
-    ("H100", 8): "hopper_x8",
-    ("H200", 8): "hopper_x8",
-    ("B200", 4): "blackwell_x4",
-    ("GB200", 4): "blackwell_x4",
-    ("MI355X", 4): "mi355x_x4",
-    ("MI350X", 4): "mi355x_x4",
-    ("cpu", 0): "cpu",
-}
+RECIPE_FOR_HARDWARE = {(model, hw.gpu_count): name
+                       for name, hw in PROFILES.items() for model in hw.gpu_models}
 
 # The flag a deployment-level key renders to, per engine.
 DEPLOYMENT_FLAGS = {

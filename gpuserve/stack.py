@@ -20,11 +20,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpuserve import admission, schema
-from gpuserve.hardware import GPU_MODELS
+from gpuserve.hardware import GPU_MODELS, GpuInfo
 from gpuserve.values import url_problem
 
 
@@ -510,32 +510,12 @@ def reboot_refused_message(host: str, what: str, installed: str, loaded: str | N
             "host yourself and converge again.")
 
 
-def model_of(reported_name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'H100'; 'AMD Instinct MI355X' -> 'MI355X'."""
-    name = reported_name.strip()
-    for prefix in ("NVIDIA ", "AMD Instinct ", "AMD "):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-            break
-    return name.split()[0] if name else ""
-
-
-@dataclass(frozen=True)
-class FoundGpu:
-    """One GPU as a vendor tool lists it (gpuserve.facts.nvidia / gpuserve.facts.amd)."""
-
-    name: str                 # as the vendor tool prints it: 'NVIDIA H200', 'AMD Instinct MI355X'
-    bus_id: str = ""
-    memory_mib: int = 0
-    driver_version: str = ""
-
-
 def _bus(bus_id: str) -> str:
     """'00000000:18:00.0' (nvidia-smi) and '0000:18:00.0' (/proc) -> '18:00.0'."""
     return bus_id.lower().split(":", 1)[-1] if bus_id.count(":") == 2 else bus_id.lower()
 
 
-def check_gpus(s: StackSettings, gpus: list[FoundGpu], tool: str, driver_bus_ids: list[str] = ()) -> list[str]:
+def check_gpus(s: StackSettings, gpus: Sequence[GpuInfo], tool: str, driver_bus_ids: list[str] = ()) -> list[str]:
     """Declared gpu_model x gpu_count against what the vendor tool lists. driver_bus_ids: the
     GPUs the kernel driver probed, to name one the tool no longer lists (fallen off the bus)."""
     problems = []
@@ -543,7 +523,7 @@ def check_gpus(s: StackSettings, gpus: list[FoundGpu], tool: str, driver_bus_ids
         seen = ", ".join(g.bus_id or g.name for g in gpus) or "none"
         if len(gpus) < s.gpu_count:
             what = f"{s.gpu_count - len(gpus)} x {s.gpu_model} missing"
-            listed = {_bus(g.bus_id) for g in gpus}
+            listed = {_bus(g.bus_id or "") for g in gpus}
             lost = [b for b in driver_bus_ids if _bus(b) not in listed]
             if lost:
                 what += f"; the driver probed {', '.join(lost)} but {tool} does not list it"
@@ -551,7 +531,7 @@ def check_gpus(s: StackSettings, gpus: list[FoundGpu], tool: str, driver_bus_ids
             what = f"{len(gpus) - s.gpu_count} more than declared"
         problems.append(f"gpu_count: declared {s.gpu_count} x {s.gpu_model}, {tool} found "
                         f"{len(gpus)} ({what}; found: {seen})")
-    wrong = sorted({g.name for g in gpus if model_of(g.name) != s.gpu_model})
+    wrong = sorted({g.name for g in gpus if g.model != s.gpu_model})
     if wrong:
         problems.append(f"gpu_model: declared {s.gpu_model}, {tool} found {', '.join(wrong)}")
     return problems
@@ -570,7 +550,7 @@ class NvidiaObserved:
     """What the host shows after the converge, from gpuserve.facts.nvidia."""
 
     loaded_driver: str | None
-    gpus: list[FoundGpu]
+    gpus: Sequence[GpuInfo]
     smi_error: str | None
     driver_gpus: list[str]          # bus IDs under /proc/driver/nvidia/gpus
     nvswitches: int
@@ -589,7 +569,7 @@ def check_nvidia(s: StackSettings, seen: NvidiaObserved) -> list[str]:
         problems.append(f"nvidia-smi: {seen.smi_error}")
     if seen.gpus or not seen.smi_error:
         problems += check_gpus(s, seen.gpus, "nvidia-smi", seen.driver_gpus)
-        drivers = sorted({g.driver_version for g in seen.gpus if g.driver_version != s.driver_version})
+        drivers = sorted({g.driver_version or "none" for g in seen.gpus if g.driver_version != s.driver_version})
         if drivers:
             problems.append(f"nvidia_driver_version: configured {s.driver_version}, nvidia-smi reports "
                             f"{', '.join(drivers)}")
@@ -610,7 +590,7 @@ def check_nvidia(s: StackSettings, seen: NvidiaObserved) -> list[str]:
 
 @dataclass(frozen=True)
 class AmdObserved:
-    gpus: list[FoundGpu]
+    gpus: Sequence[GpuInfo]
     smi_error: str | None
     rocm_version: str | None
 

@@ -30,6 +30,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuserve.hardware import GPU_MODELS, ProfileHardware
+from gpuserve.hardware import PROFILES as HARDWARE
 from gpuserve_sandbox.util import SandboxError
 
 HARDWARE_FILE = "etc/gpuserve-sim/hardware.json"
@@ -42,30 +44,53 @@ AMDGPU_MODULE_VERSION_FILE = f"{STATE_DIR}/amdgpu-module-version"
 FILES = Path(__file__).parent / "files"
 
 
+# how each vendor's tool prints a model's name (nvidia-smi "name", amd-smi "MARKET_NAME")
+TOOL_NAMES = {"nvidia": "NVIDIA {}", "amd": "AMD Instinct {}"}
+
+
 @dataclass(frozen=True)
 class SimProfile:
-    """Simulated hardware of one host; names follow the inventory groups."""
+    """Simulated hardware of one host; names follow the inventory groups. The machine itself (model,
+    count, NVSwitch) is the recipe profile's reference machine, gpuserve.hardware.PROFILES; this adds
+    only what the simulated tools print beyond it."""
 
-    vendor: str            # nvidia | amd | none
-    gpu_name: str          # as the vendor tool prints it
-    memory_mib: int
-    count: int
-    nvswitch_count: int    # NVSwitch chips on the baseboard (HGX / NVL): 0 = PCIe-style host
-    nvlink_gen: int = 0
+    hardware: ProfileHardware | None  # None: no GPU (a monitor or gateway host)
+    memory_mib: int = 0    # per GPU, as the vendor tool prints it
+    nvswitch_chips: int = 0   # NVSwitch chips on the baseboard (HGX / NVL) when hardware.nvswitch
     gfx: str = ""          # AMD: the gfx target amd-smi reports
+
+    @property
+    def vendor(self) -> str:   # nvidia | amd | none
+        return GPU_MODELS[self.hardware.gpu_model].vendor if self.hardware and self.count else "none"
+
+    @property
+    def gpu_name(self) -> str:
+        return TOOL_NAMES[self.vendor].format(self.hardware.gpu_model) if self.vendor != "none" else ""
+
+    @property
+    def count(self) -> int:
+        return self.hardware.gpu_count if self.hardware else 0
+
+    @property
+    def nvswitch_count(self) -> int:   # 0 = PCIe-style host
+        return self.nvswitch_chips if self.hardware and self.hardware.nvswitch else 0
+
+    @property
+    def nvlink_gen(self) -> int:
+        return GPU_MODELS[self.hardware.gpu_model].nvlink_gen if self.nvswitch_count else 0
 
 
 PROFILES: dict[str, SimProfile] = {
     # HGX H200: 8 GPUs on 4 third-generation NVSwitch chips, NVLink 4
-    "hopper_x8": SimProfile("nvidia", "NVIDIA H200", 143771, 8, nvswitch_count=4, nvlink_gen=4),
+    "hopper_x8": SimProfile(HARDWARE["hopper_x8"], 143771, nvswitch_chips=4),
     # GB200 compute tray: 4 GPUs, NVLink 5 switch fabric (needs fabric manager + nvlsm)
-    "blackwell_x4": SimProfile("nvidia", "NVIDIA GB200", 189471, 4, nvswitch_count=2, nvlink_gen=5),
-    "mi355x_x4": SimProfile("amd", "AMD Instinct MI355X", 294896, 4, nvswitch_count=0, gfx="gfx950"),
-    "cpu": SimProfile("none", "", 0, 0, nvswitch_count=0),
+    "blackwell_x4": SimProfile(HARDWARE["blackwell_x4"], 189471, nvswitch_chips=2),
+    "mi355x_x4": SimProfile(HARDWARE["mi355x_x4"], 294896, gfx="gfx950"),
+    "cpu": SimProfile(HARDWARE["cpu"]),
     # a monitor host (group monitor): Prometheus and alertmanager, no GPU, no engine
-    "monitor": SimProfile("none", "", 0, 0, nvswitch_count=0),
+    "monitor": SimProfile(None),
     # the fleet gateway (docs/gateway.md): no GPU, serves no model, runs smg
-    "gateway": SimProfile("none", "", 0, 0, nvswitch_count=0),
+    "gateway": SimProfile(None),
 }
 
 

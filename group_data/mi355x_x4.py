@@ -2,6 +2,7 @@
 
 Declared hardware: plan-time validation works from it; the GPU-stack layer checks it against
 ``amd-smi`` on the host.
+The reference machine of gpuserve.hardware.PROFILES["mi355x_x4"] (a unit test keeps the two equal).
 """
 
 gpu_model = "MI355X"

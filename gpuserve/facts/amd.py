@@ -1,7 +1,5 @@
-"""AMD facts: GPUs per `amd-smi static`, ROCm and loaded amdgpu versions per `amd-smi version`.
-
-Overlap note: gpuserve/facts/gpus.py (another branch) parses amd-smi CSV for the recipes; these
-parse the plain-text formats the GPU stack layer verifies with. Parsers are pure and unit-tested.
+"""AMD facts: GPUs per `amd-smi static` (parsed by gpuserve.facts.gpus), ROCm and loaded amdgpu
+versions per `amd-smi version`. Parsers are pure and unit-tested.
 """
 
 from __future__ import annotations
@@ -11,52 +9,25 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
+from gpuserve.facts.gpus import AMD_STATIC, GpuReport, parse_amd_smi
 from gpuserve.facts.nvidia import dpkg_status_command, parse_dpkg_status
-from gpuserve.stack import FoundGpu
 
 _PACKAGES_MARK = "--- packages"
 
 
-@dataclass(frozen=True)
-class AmdSmi:
-    gpus: list[FoundGpu] = field(default_factory=list)
-    error: str | None = None
+class AmdSmiGpus(FactBase[GpuReport]):
+    """The GPUs amd-smi lists, or why it lists none (gpuserve.facts.gpus.parse_amd_smi)."""
 
-
-def parse_amd_smi_static(lines: list[str]) -> AmdSmi:
-    """`amd-smi static --asic --vram` (stderr merged): one `GPU: n` block per GPU with
-    `MARKET_NAME: AMD Instinct MI355X` and `SIZE: 294896 MB` under VRAM."""
-    gpus: list[dict] = []
-    other = []
-    for line in lines:
-        text = line.strip()
-        key, sep, value = text.partition(":")
-        if re.fullmatch(r"GPU: \d+", text):
-            gpus.append({"name": "", "memory": 0, "bdf": ""})
-        elif gpus and sep and key == "MARKET_NAME":
-            gpus[-1]["name"] = value.strip()
-        elif gpus and sep and key == "SIZE":
-            m = re.match(r"\s*(\d+)\s*MB", value)
-            gpus[-1]["memory"] = int(m.group(1)) if m else 0
-        elif gpus and sep and key == "BDF":
-            gpus[-1]["bdf"] = value.strip()
-        elif text and not line[:1].isspace():   # GPU fields are indented; anything else is an error
-            other.append(text)
-    found = [FoundGpu(name=g["name"], memory_mib=g["memory"], bus_id=g["bdf"]) for g in gpus]
-    return AmdSmi(found, " ".join(other) or None)
-
-
-class AmdSmiGpus(FactBase[AmdSmi]):
     def command(self) -> str:
-        return ("if command -v amd-smi >/dev/null 2>&1; then amd-smi static --asic --vram 2>&1 "
+        return (f"if command -v amd-smi >/dev/null 2>&1; then {AMD_STATIC} 2>&1 "
                 "|| echo \"amd-smi exited $?\"; else echo 'amd-smi: command not found'; fi")
 
     @staticmethod
-    def default() -> AmdSmi:
-        return AmdSmi(error="no output")
+    def default() -> GpuReport:
+        return GpuReport("amd", (), error="no output")
 
-    def process(self, output: list[str]) -> AmdSmi:
-        return parse_amd_smi_static(output)
+    def process(self, output: list[str]) -> GpuReport:
+        return parse_amd_smi("\n".join(output))
 
 
 @dataclass(frozen=True)

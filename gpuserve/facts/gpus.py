@@ -1,10 +1,13 @@
-"""GPUs as the host reports them: ``nvidia-smi`` / ``amd-smi`` output -> a hardware profile.
+"""GPUs as the host reports them: the one parser of ``nvidia-smi`` and of ``amd-smi``'s GPU list.
 
-The parsers are pure (tests feed them recorded output from tests/unit/fixtures/); ``Gpus`` is
-the pyinfra fact that runs whichever tool the host has and parses it.
+Both ``gpuserve status`` (the ``Gpus`` fact here) and the GPU-stack verification
+(gpuserve.facts.nvidia.NvidiaSmiGpus, gpuserve.facts.amd.AmdSmiGpus, read by layers/gpu_ops.py)
+parse the tools' output with ``parse_nvidia_smi`` / ``parse_amd_smi``. The parsers are pure (tests
+feed them recorded output from tests/unit/fixtures/ and the sandbox's simulated tools).
 
-A host can list GPUs in nvidia-smi while CUDA itself fails (fabric manager missing): this fact
-is an inventory, not a health check.
+A tool that fails is an error, not zero GPUs; the GPUs it still lists stay beside the error (one
+fallen off the bus: the rest are listed). A host can list GPUs in nvidia-smi while CUDA itself
+fails (fabric manager missing): this is an inventory, not a health check.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from gpuserve.hardware import GPU_MODELS, HardwareProfile
+from gpuserve.hardware import GPU_MODELS, GpuInfo, HardwareProfile
 
 NVIDIA_FIELDS = ("index", "name", "memory.total", "driver_version", "pci.bus_id", "uuid")
 NVIDIA_QUERY = f"nvidia-smi --query-gpu={','.join(NVIDIA_FIELDS)} --format=csv,noheader"
@@ -23,28 +26,11 @@ AMD_STATIC = "amd-smi static --asic --vram"
 AMD_LIST = "amd-smi list"
 
 
-class GpuParseError(ValueError):
-    """The tool's output is not what it prints when it works."""
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    vendor: str  # nvidia | amd
-    name: str  # as the tool reports it: "NVIDIA H100 80GB HBM3", "AMD Instinct MI355X"
-    model: str  # normalized: H100, MI355X, ... (the report's name when unknown)
-    memory_mib: int | None = None
-    driver_version: str | None = None
-    bus_id: str | None = None
-    uuid: str | None = None
-    gfx: str | None = None  # AMD TARGET_GRAPHICS_VERSION
-
-
 @dataclass(frozen=True)
 class GpuReport:
     vendor: str | None  # nvidia | amd | None (neither tool found)
     gpus: tuple[GpuInfo, ...]
-    error: str | None = None  # the tool ran but failed (driver not loaded, ...)
+    error: str | None = None  # the tool failed, or printed what is no GPU (driver not loaded, ...)
 
     @property
     def profile(self) -> HardwareProfile | None:
@@ -66,6 +52,10 @@ class GpuReport:
         )
 
 
+def _report(vendor: str, gpus: list[GpuInfo], other: list[str]) -> GpuReport:
+    return GpuReport(vendor, tuple(gpus), " ".join(other) or None)
+
+
 # -- NVIDIA ---------------------------------------------------------------------------------
 
 _NVIDIA_MODELS = {m for m, info in GPU_MODELS.items() if info.vendor == "nvidia"}
@@ -78,45 +68,46 @@ def nvidia_model(name: str) -> str:
     return first if first in _NVIDIA_MODELS else name
 
 
-def _mib(value: str) -> int | None:
-    match = re.fullmatch(r"(\d+)\s*MiB", value.strip())
-    return int(match.group(1)) if match else None
-
-
 def _na(value: str) -> str | None:
     value = value.strip()
     return None if value in ("", "[N/A]", "N/A", "[Not Supported]") else value
 
 
-def parse_nvidia_smi(text: str, fields: tuple[str, ...] = ("name", "memory.total", "driver_version")) -> list[GpuInfo]:
-    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader`` output, in ``fields`` order.
+def _nvidia_row(row: list[str], fields: tuple[str, ...], position: int) -> GpuInfo | None:
+    """One CSV row as a GPU, or None when it is no GPU row (an error line, a changed format)."""
+    if len(row) != len(fields):
+        return None
+    value = dict(zip(fields, (cell.strip() for cell in row), strict=True))
+    memory = None
+    if "memory.total" in value and _na(value["memory.total"]) is not None:
+        match = re.fullmatch(r"(\d+)\s*MiB", value["memory.total"])
+        if not match:
+            return None
+        memory = int(match.group(1))
+    index = value.get("index", str(position))
+    if not index.isdigit():
+        return None
+    name = value.get("name", "")
+    return GpuInfo(index=int(index), vendor="nvidia", name=name, model=nvidia_model(name),
+                   memory_mib=memory, driver_version=_na(value.get("driver_version", "")),
+                   bus_id=_na(value.get("pci.bus_id", "")), uuid=_na(value.get("uuid", "")))
 
-    ``No devices were found`` is zero GPUs; a failing driver raises GpuParseError.
-    """
+
+def parse_nvidia_smi(text: str, fields: tuple[str, ...] = NVIDIA_FIELDS) -> GpuReport:
+    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader`` output (stderr merged), in
+    ``fields`` order. ``No devices were found`` is zero GPUs; every other line that is no GPU row
+    (a failing driver, a GPU it cannot reach, ``nvidia-smi exited 9``) is the error."""
     lines = [line for line in text.splitlines() if line.strip()]
-    if len(lines) == 1 and lines[0].strip() == "No devices were found":
-        return []
-    gpus = []
-    for position, row in enumerate(csv.reader(lines, skipinitialspace=True)):
-        if len(row) != len(fields):
-            raise GpuParseError(f"nvidia-smi: expected {len(fields)} columns, got {row!r} "
-                                f"(output: {text.strip()[:200]!r})")
-        value = dict(zip(fields, row, strict=True))
-        name = value.get("name", "").strip()
-        memory = _mib(value["memory.total"]) if "memory.total" in value else None
-        if "memory.total" in value and memory is None and _na(value["memory.total"]) is not None:
-            raise GpuParseError(f"nvidia-smi: memory.total {value['memory.total']!r} is not 'N MiB'")
-        index = value.get("index", str(position)).strip()
-        if not index.isdigit():
-            raise GpuParseError(f"nvidia-smi: index {index!r} is not a number")
-        gpus.append(GpuInfo(
-            index=int(index), vendor="nvidia", name=name, model=nvidia_model(name),
-            memory_mib=memory,
-            driver_version=_na(value.get("driver_version", "")),
-            bus_id=_na(value.get("pci.bus_id", "")),
-            uuid=_na(value.get("uuid", "")),
-        ))
-    return gpus
+    if [line.strip() for line in lines] == ["No devices were found"]:
+        return GpuReport("nvidia", ())
+    gpus, other = [], []
+    for line in lines:
+        gpu = _nvidia_row(next(csv.reader([line], skipinitialspace=True)), fields, len(gpus))
+        if gpu is None:
+            other.append(line.strip())
+        else:
+            gpus.append(gpu)
+    return _report("nvidia", gpus, other)
 
 
 # -- AMD ------------------------------------------------------------------------------------
@@ -129,22 +120,30 @@ def amd_model(market_name: str | None, gfx: str | None) -> str:
     return market_name or gfx or "unknown"
 
 
-def _amd_sections(text: str) -> dict[int, dict[str, str]]:
+_AMD_BLOCK = re.compile(r"([A-Z][A-Z_ ]*):\s*(\d+)")  # a device block: GPU: 0, CPU: 0
+
+
+def _amd_sections(text: str) -> tuple[dict[int, dict[str, str]], list[str]]:
     """``GPU: N`` blocks -> {N: {"SECTION.KEY": value}}, keys upper-cased with spaces as ``_``
-    (older amd-smi prints ``Market Name``); a value may itself hold ``: ``."""
+    (older amd-smi prints ``Market Name``); a value may itself hold ``: ``. Also the top-level
+    lines that start no device block (``ERROR:root:Unable to detect any GPU devices``)."""
     gpus: dict[int, dict[str, str]] = {}
+    other: list[str] = []
     current: dict[str, str] | None = None
     stack: list[tuple[int, str]] = []  # enclosing sections: (indent, name)
     for raw in text.splitlines():
         if not raw.strip():
             continue
         indent = len(raw) - len(raw.lstrip())
+        if indent == 0:
+            block = _AMD_BLOCK.fullmatch(raw.strip())
+            current = gpus.setdefault(int(block.group(2)), {}) if block and block.group(1) == "GPU" else None
+            stack = []
+            if block is None:
+                other.append(raw.strip())
+            continue
         key, sep, value = raw.strip().partition(":")
         key, value = key.strip().upper().replace(" ", "_"), value.strip()
-        if indent == 0:
-            current = gpus.setdefault(int(value), {}) if key == "GPU" and value.isdigit() else None
-            stack = []
-            continue
         if current is None or not sep:
             continue
         while stack and stack[-1][0] >= indent:
@@ -153,15 +152,14 @@ def _amd_sections(text: str) -> dict[int, dict[str, str]]:
             current[".".join([name for _, name in stack] + [key])] = value
         else:
             stack.append((indent, key))
-    return gpus
+    return gpus, other
 
 
-def parse_amd_smi(static_text: str, list_text: str = "") -> list[GpuInfo]:
-    """``amd-smi static --asic [--vram]`` (and optionally ``amd-smi list``) text output."""
-    static = _amd_sections(static_text)
-    if not static and static_text.strip():
-        raise GpuParseError(f"amd-smi: no 'GPU: N' blocks in {static_text.strip()[:200]!r}")
-    listed = _amd_sections(list_text)
+def parse_amd_smi(static_text: str, list_text: str = "") -> GpuReport:
+    """``amd-smi static --asic [--vram]`` (stderr merged; and optionally ``amd-smi list``) text
+    output; top-level lines that are no device block are the error."""
+    static, other = _amd_sections(static_text)
+    listed, _ = _amd_sections(list_text)
     gpus = []
     for index in sorted(static):
         info, ids = static[index], listed.get(index, {})
@@ -176,7 +174,7 @@ def parse_amd_smi(static_text: str, list_text: str = "") -> list[GpuInfo]:
             uuid=ids.get("UUID"),
             gfx=gfx,
         ))
-    return gpus
+    return _report("amd", gpus, other)
 
 
 # -- the fact -------------------------------------------------------------------------------
@@ -206,14 +204,9 @@ def parse_gpu_fact(output: str) -> GpuReport:
     vendor = "nvidia" if "nvidia-smi" in sections else "amd"
     if failed:
         return GpuReport(vendor, (), error=f"{failed[0]} failed: {text[failed[0]].strip()[:300]}")
-    try:
-        if vendor == "nvidia":
-            gpus = parse_nvidia_smi(text["nvidia-smi"], NVIDIA_FIELDS)
-        else:
-            gpus = parse_amd_smi(text.get("amd-smi-static", ""), text.get("amd-smi-list", ""))
-    except GpuParseError as error:
-        return GpuReport(vendor, (), error=str(error))
-    return GpuReport(vendor, tuple(gpus))
+    if vendor == "nvidia":
+        return parse_nvidia_smi(text["nvidia-smi"])
+    return parse_amd_smi(text.get("amd-smi-static", ""), text.get("amd-smi-list", ""))
 
 
 class Gpus(FactBase):

@@ -1,4 +1,5 @@
-"""NVIDIA facts: GPUs per nvidia-smi, the loaded vs installed kernel module, NVSwitches, CUDA.
+"""NVIDIA facts: GPUs per nvidia-smi (parsed by gpuserve.facts.gpus), the loaded vs installed
+kernel module, NVSwitches, CUDA.
 
 Every fact prints something in every state (no driver, no nvidia-smi yet), so its parser can say
 what is missing instead of pyinfra failing the fact. Parsers are pure and unit-tested against the
@@ -12,49 +13,26 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
-from gpuserve.stack import CUDA_ERRORS, FoundGpu
+from gpuserve.facts.gpus import NVIDIA_QUERY, GpuReport, parse_nvidia_smi
+from gpuserve.stack import CUDA_ERRORS
 
-SMI_QUERY = "index,name,memory.total,driver_version,pci.bus_id"
 _MODULE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)\s")
 _PACKAGES_MARK = "--- packages"
 
 
-@dataclass(frozen=True)
-class NvidiaSmi:
-    gpus: list[FoundGpu] = field(default_factory=list)
-    error: str | None = None     # why nvidia-smi listed nothing (not installed, no driver, ...)
-
-
-def parse_nvidia_smi(lines: list[str]) -> NvidiaSmi:
-    """`nvidia-smi --query-gpu=<SMI_QUERY> --format=csv,noheader,nounits` (stderr merged)."""
-    gpus, other = [], []
-    for line in lines:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 5 and parts[0].isdigit():
-            memory = int(parts[2]) if parts[2].isdigit() else 0
-            gpus.append(FoundGpu(name=parts[1], memory_mib=memory, driver_version=parts[3],
-                                 bus_id=parts[4]))
-        elif line.strip():
-            other.append(line.strip())
-    if other:
-        return NvidiaSmi(gpus, " ".join(other))
-    return NvidiaSmi(gpus)
-
-
-class NvidiaSmiGpus(FactBase[NvidiaSmi]):
-    """The GPUs nvidia-smi lists, or why it lists none."""
+class NvidiaSmiGpus(FactBase[GpuReport]):
+    """The GPUs nvidia-smi lists, or why it lists none (gpuserve.facts.gpus.parse_nvidia_smi)."""
 
     def command(self) -> str:
-        return ("if command -v nvidia-smi >/dev/null 2>&1; then "
-                f"nvidia-smi --query-gpu={SMI_QUERY} --format=csv,noheader,nounits 2>&1 "
+        return (f"if command -v nvidia-smi >/dev/null 2>&1; then {NVIDIA_QUERY} 2>&1 "
                 "|| echo \"nvidia-smi exited $?\"; else echo 'nvidia-smi: command not found'; fi")
 
     @staticmethod
-    def default() -> NvidiaSmi:
-        return NvidiaSmi(error="no output")
+    def default() -> GpuReport:
+        return GpuReport("nvidia", (), error="no output")
 
-    def process(self, output: list[str]) -> NvidiaSmi:
-        return parse_nvidia_smi(output)
+    def process(self, output: list[str]) -> GpuReport:
+        return parse_nvidia_smi("\n".join(output))
 
 
 def parse_loaded_module(version_text: str) -> str | None:

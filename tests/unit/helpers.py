@@ -8,23 +8,20 @@ import pytest
 from pyinfra.api import Inventory
 
 from gpuserve.config import ConfigError, HostSettings, validate_inventory
+from gpuserve.hardware import PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
-HARDWARE = {
-    "hopper_x8": {"gpu_model": "H200", "gpu_count": 8, "nvswitch": True},
-    # vLLM 0.34.0 (the Blackwell pin) needs flashinfer-python==0.7.3, which PyPI lacks, and AMD
-    # needs vLLM's ROCm wheels: both fleets name an index (never contacted by unit tests)
-    "blackwell_x4": {"gpu_model": "GB200", "gpu_count": 4, "nvswitch": True,
-                     "engine_index": "https://flashinfer-mirror.example.internal/simple"},
-    "mi355x_x4": {"gpu_model": "MI355X", "gpu_count": 4, "nvswitch": False,
-                  "torch_backend": "rocm7.2",
-                  "engine_index": "https://rocm-wheels.example.internal/simple"},
-    "cpu": {"gpu_model": "cpu", "gpu_count": 0, "nvswitch": False},
+# vLLM 0.34.0 (the Blackwell pin) needs flashinfer-python==0.7.3, which PyPI lacks, and AMD
+# needs vLLM's ROCm wheels: both fleets name an index (never contacted by unit tests)
+_FLEET_DATA = {
+    "blackwell_x4": {"engine_index": "https://flashinfer-mirror.example.internal/simple"},
+    "mi355x_x4": {"torch_backend": "rocm7.2", "engine_index": "https://rocm-wheels.example.internal/simple"},
 }
-
+# each profile's reference machine (gpuserve.hardware.PROFILES), as its group data declares it
+HARDWARE = {name: {**hw.group_data(), **_FLEET_DATA.get(name, {})} for name, hw in PROFILES.items()}
 
 def key_file(directory: Path) -> Path:
     """An api_keys_file in ``directory`` holding one valid key, 0600 (the plan refuses a key file

@@ -44,6 +44,7 @@ def test_smoke_records_the_fact_outputs_and_parses_them(tmp_path):
     assert fixture.read_text().splitlines()[0] in (out / "gpus_fact.txt").read_text()
     assert (out / "gpus_fact.command").read_text().count("--query-gpu=") == 1
     assert "nvidia_smi_gpus" in done.stdout and (out / "nvidia_smi_gpus.txt").is_file()
+    assert "nvidia-smi fact: gpus=8 error=None" in done.stdout   # the GPU stack reads it alike
     if ctypes.util.find_library("cuda") is None:   # no driver library here: the check says so
         assert "CUDA check: count=None" in done.stdout
         assert "SMOKE NOT OK" in done.stdout

@@ -3,11 +3,13 @@
 import pytest
 
 from gpuserve import stack
-from gpuserve.stack import FoundGpu, PackageSpec, StackConfigError
+from gpuserve.hardware import PROFILES
+from gpuserve.facts.gpus import parse_amd_smi, parse_nvidia_smi
+from gpuserve.stack import PackageSpec, StackConfigError
 
-HOPPER = {"gpu_model": "H200", "gpu_count": 8, "nvswitch": True}
-BLACKWELL = {"gpu_model": "GB200", "gpu_count": 4, "nvswitch": True}
-MI355X = {"gpu_model": "MI355X", "gpu_count": 4}
+HOPPER = PROFILES["hopper_x8"].group_data()
+BLACKWELL = PROFILES["blackwell_x4"].group_data()
+MI355X = PROFILES["mi355x_x4"].group_data()
 
 
 def settings(base=None, **data):
@@ -179,7 +181,8 @@ def test_reboot_only_when_the_installed_module_is_not_the_loaded_one():
 
 
 def _hopper_ok(**changes):
-    gpus = [FoundGpu("NVIDIA H200", f"00000000:{0x18 + 0x10 * i:02X}:00.0", 143771, "580.95.05") for i in range(8)]
+    gpus = parse_nvidia_smi("\n".join(f"{i}, NVIDIA H200, 143771 MiB, 580.95.05, 00000000:{0x18 + 0x10 * i:02X}:00.0, "
+                                      f"GPU-{i}" for i in range(8))).gpus
     seen = dict(loaded_driver="580.95.05", gpus=gpus, smi_error=None,
                 driver_gpus=[f"0000:{0x18 + 0x10 * i:02x}:00.0" for i in range(8)], nvswitches=4,
                 units_active={"nvidia-persistenced": True, "nvidia-fabricmanager": True},
@@ -215,7 +218,8 @@ def test_check_nvidia_fabric_and_cuda():
 
 
 def test_check_nvidia_wrong_model_and_driver():
-    gpus = [FoundGpu("NVIDIA H100 80GB HBM3", f"b{i}", 81559, "580.82.07") for i in range(8)]
+    gpus = parse_nvidia_smi("\n".join(f"{i}, NVIDIA H100 80GB HBM3, 81559 MiB, 580.82.07, b{i}, GPU-{i}"
+                                      for i in range(8))).gpus
     problems = stack.check_nvidia(settings(HOPPER), _hopper_ok(gpus=gpus, loaded_driver="580.82.07"))
     assert problems == [
         "nvidia_driver_version: configured 580.95.05, loaded kernel module 580.82.07",
@@ -229,10 +233,10 @@ def test_check_nvidia_wrong_model_and_driver():
 
 def test_check_amd():
     s = settings(MI355X)
-    gpus = [FoundGpu("AMD Instinct MI355X", memory_mib=294896)] * 4
+    gpus = parse_amd_smi("".join(f"GPU: {i}\n    ASIC:\n        MARKET_NAME: AMD Instinct MI355X\n"
+                                 for i in range(4))).gpus
     assert stack.check_amd(s, stack.AmdObserved(gpus, None, "7.2.0")) == []
     assert stack.check_amd(s, stack.AmdObserved(gpus[:3], None, "7.1.1")) == [
         "gpu_count: declared 4 x MI355X, amd-smi found 3 (1 x MI355X missing; found: AMD Instinct MI355X, "
         "AMD Instinct MI355X, AMD Instinct MI355X)",
         "rocm_version: configured 7.2, amd-smi reports ROCm 7.1.1"]
-    assert stack.model_of("AMD Instinct MI355X") == "MI355X" and stack.model_of("NVIDIA GB200") == "GB200"

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from gpuserve import stack
-from gpuserve.facts.amd import parse_amd_smi_static, parse_amd_versions
+from gpuserve.facts.amd import parse_amd_versions
+from gpuserve.facts.gpus import parse_amd_smi
 from gpuserve.facts.nvidia import CUDA_CHECK, parse_cuda_check
 from gpuserve_sandbox import simgpu, standin_repo
 from gpuserve_sandbox.simgpu import HostSpec
@@ -111,13 +112,13 @@ def test_sim_amd_smi_and_amdgpu_boot(tmp_path):
 
     simgpu.on_boot(root, proc)
     lines, rc = smi("static", "--asic", "--vram")
-    assert rc == 1 and parse_amd_smi_static(lines).error
+    assert rc == 1 and parse_amd_smi("\n".join(lines)).error
     assert parse_amd_versions(smi("version")[0]).loaded is None
     (root / simgpu.AMDGPU_MODULE_VERSION_FILE).write_text("6.16.6.30200000\n")
     simgpu.on_boot(root, proc)
     lines, rc = smi("static", "--asic", "--vram")
     assert rc == 0
-    assert [(g.name, g.memory_mib) for g in parse_amd_smi_static(lines).gpus] == [("AMD Instinct MI355X", 294896)] * 4
+    assert [(g.name, g.memory_mib) for g in parse_amd_smi("\n".join(lines)).gpus] == [("AMD Instinct MI355X", 294896)] * 4
     versions = parse_amd_versions(smi("version")[0])
     assert (versions.rocm, versions.loaded) == ("7.2.0", "6.16.6.30200000")
     assert json.loads((root / simgpu.HARDWARE_FILE).read_text())["gpus"][0]["gfx"] == "gfx950"

@@ -1,46 +1,14 @@
-"""Fact parsers against the real tools' output formats (nvidia-smi, /proc, dpkg, apt, amd-smi)."""
+"""The GPU stack's fact parsers against the real tools' output formats (/proc, dpkg, apt, libcuda,
+amd-smi version). The GPU lists of nvidia-smi and amd-smi: test_facts_gpus.py."""
 
-from gpuserve.facts.amd import parse_amd_smi_static, parse_amd_versions
+from gpuserve.facts.amd import parse_amd_versions
 from gpuserve.facts.apt import parse_apt_policy
-from gpuserve.facts.nvidia import (parse_cuda_check, parse_dpkg_status, parse_loaded_module,
-                                   parse_module_versions, parse_nvidia_smi)
-from gpuserve.stack import FoundGpu
+from gpuserve.facts.nvidia import parse_cuda_check, parse_dpkg_status, parse_loaded_module, parse_module_versions
 
-# nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader,nounits
-SMI_H200 = [f"{i}, NVIDIA H200, 143771, 580.95.05, 00000000:{0x18 + 0x10 * i:02X}:00.0" for i in range(8)]
-SMI_NO_DRIVER = [
-    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that "
-    "the latest NVIDIA driver is installed and running.",
-    "",
-    "nvidia-smi exited 9",
-]
 PROC_OPEN = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  "
              "(dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 23:41:22 UTC 2025")
 PROC_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024"
 PROC_ARM = "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build  (dvs-builder@x)  Thu Sep 25 2025"
-
-
-def test_nvidia_smi_lists_gpus():
-    smi = parse_nvidia_smi(SMI_H200)
-    assert smi.error is None
-    assert len(smi.gpus) == 8
-    assert smi.gpus[0] == FoundGpu("NVIDIA H200", "00000000:18:00.0", 143771, "580.95.05")
-    h100 = parse_nvidia_smi(["0, NVIDIA H100 80GB HBM3, 81559, 580.95.05, 00000000:19:00.0"])
-    assert h100.gpus[0].name == "NVIDIA H100 80GB HBM3" and h100.gpus[0].memory_mib == 81559
-
-
-def test_nvidia_smi_without_driver_or_tool_is_an_error_not_zero_gpus():
-    smi = parse_nvidia_smi(SMI_NO_DRIVER)
-    assert smi.gpus == [] and "couldn't communicate with the NVIDIA driver" in smi.error
-    assert "exited 9" in smi.error
-    assert parse_nvidia_smi(["nvidia-smi: command not found"]).error == "nvidia-smi: command not found"
-
-
-def test_nvidia_smi_keeps_the_gpus_it_lists_next_to_an_error():
-    lines = SMI_H200[:7] + ["Unable to determine the device handle for GPU0000:88:00.0: Unknown Error",
-                            "nvidia-smi exited 15"]
-    smi = parse_nvidia_smi(lines)
-    assert len(smi.gpus) == 7 and "GPU0000:88:00.0: Unknown Error" in smi.error
 
 
 def test_loaded_module_version_open_proprietary_and_arm():
@@ -98,45 +66,6 @@ def test_apt_policy():
     assert policy["nvidia-open"].versions == ["590.48.01-1", "580.105.08-1", "580.95.05-1"]
     assert policy["nvlsm"].installed is None and policy["nvlsm"].versions == ["2025.06.6-1"]
     assert parse_apt_policy([]) == {}
-
-
-AMD_STATIC = """\
-GPU: 0
-    ASIC:
-        MARKET_NAME: AMD Instinct MI300X
-        VENDOR_ID: 0x1002
-        VENDOR_NAME: Advanced Micro Devices Inc. [AMD/ATI]
-        SUBVENDOR_ID: 0x1002
-        DEVICE_ID: 0x74a1
-        REV_ID: 0x00
-        OAM_ID: 7
-        NUM_COMPUTE_UNITS: 304
-        TARGET_GRAPHICS_VERSION: gfx942
-    VRAM:
-        TYPE: HBM
-        VENDOR: HYNIX
-        SIZE: 196592 MB
-        BIT_WIDTH: 8192
-        MAX_BANDWIDTH: 5300 GB/s
-
-GPU: 1
-    ASIC:
-        MARKET_NAME: AMD Instinct MI300X
-        TARGET_GRAPHICS_VERSION: gfx942
-    VRAM:
-        TYPE: HBM
-        SIZE: 196592 MB
-""".splitlines()
-
-
-def test_amd_smi_static():
-    smi = parse_amd_smi_static(AMD_STATIC)
-    assert smi.error is None
-    assert [(g.name, g.memory_mib) for g in smi.gpus] == [("AMD Instinct MI300X", 196592)] * 2
-    failed = parse_amd_smi_static([
-        "ERROR:root:Unable to detect any GPU devices, check amdgpu version and module status "
-        "(sudo modprobe amdgpu)", "amd-smi exited 1"])
-    assert failed.gpus == [] and "Unable to detect any GPU devices" in failed.error
 
 
 def test_amd_versions():
