@@ -51,13 +51,15 @@ def test_the_package_list_holds_every_subpackage():
 
 
 def test_the_files_deploys_read_are_inside_the_package():
+    """Templates, host programs and dashboards: one place, in the package (files/, templates/)."""
+    from gpuserve import grafana
     from gpuserve.layers import service, watchdog
 
     pkg = Path(config.__file__).resolve().parent
-    for f in (service.TEMPLATES / "gpuserve.service.j2", service.GATE_SRC, watchdog.PROGRAM_SRC):
+    dashboards = sorted(grafana.OUT_DIR.glob("*.json"))
+    assert [p.stem for p in dashboards] == sorted(grafana.DASHBOARDS)
+    for f in (service.TEMPLATES / "gpuserve.service.j2", service.GATE_SRC, watchdog.PROGRAM_SRC, *dashboards):
         assert f.is_file() and f.resolve().is_relative_to(pkg), f
-    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
-    assert "templates/*" in data and "files/*" in data
 
 
 def test_group_data_all_holds_no_default_of_its_own():
