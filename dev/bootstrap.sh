@@ -4,7 +4,9 @@
 #   Debian packages: the sandbox's tools (debootstrap, systemd-nspawn, apt-cacher-ng, lxcfs, ...)
 #                    and what builds its stand-in GPU repositories (gcc, dpkg-dev, gnupg),
 #                    promtool (Debian's prometheus package: the unit tests check the alert rules)
-#   .venv/:          gpuserve itself (editable) with its test dependencies, pinned in pyproject.toml
+#   .venv/:          gpuserve itself (editable) with its test dependencies, pinned in pyproject.toml,
+#                    and the sandbox, a distribution of its own (sandbox/, editable, its
+#                    dependencies pinned in sandbox/pyproject.toml): it adds `gpuserve sandbox`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
@@ -30,9 +32,10 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 stamp=.venv/.gpuserve-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "bootstrap: installing gpuserve and its pinned dependencies into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' 2> >(grep -v "^WARNING: Location" >&2)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ sandbox/pyproject.toml -nt "$stamp" ]; then
+  echo "bootstrap: installing gpuserve, the sandbox and their pinned dependencies into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' -e ./sandbox \
+    2> >(grep -v "^WARNING: Location" >&2)
   touch "$stamp"
 fi
 echo "bootstrap: ready (.venv/bin/gpuserve, .venv/bin/pyinfra, .venv/bin/pytest)"

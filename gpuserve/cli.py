@@ -1,8 +1,8 @@
 """The ``gpuserve`` command. Each subcommand lives beside the logic it drives.
 
-Commands from other installed packages join through the entry-point group ``gpuserve.commands``:
-that is how the sandbox (``gpuserve_sandbox``, a test tool the product never imports) adds
-``gpuserve sandbox``.
+Commands from other installed distributions join through the entry-point group
+``gpuserve.commands``: that is how the sandbox (the distribution ``gpuserve-sandbox`` in sandbox/,
+a test tool the product never imports) adds ``gpuserve sandbox``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from contextlib import contextmanager
-from importlib.metadata import entry_points
-from typing import Callable, Iterator
+from importlib.metadata import EntryPoint, entry_points
+from typing import Callable, Iterable, Iterator
 
 import click
 
@@ -153,5 +153,30 @@ main.add_command(status)
 main.add_command(top)
 main.add_command(wheelhouse)
 main.add_command(resolve_command)
-for _ep in entry_points(group=COMMAND_GROUP):
-    main.add_command(_ep.load(), _ep.name)
+
+
+def add_commands(group: click.Group, found: Iterable[EntryPoint] | None = None) -> None:
+    """Add the commands other installed distributions declare (``gpuserve.commands``). One that
+    does not load (a stale or half-removed install) becomes a command that says so and fails;
+    gpuserve's own commands work on."""
+    for ep in entry_points(group=COMMAND_GROUP) if found is None else found:
+        try:
+            command = ep.load()
+        except Exception as exc:   # whatever its import raises: the product must still start
+            command = _unloadable(ep, f"{type(exc).__name__}: {exc}")
+        group.add_command(command, ep.name)
+
+
+def _unloadable(ep: EntryPoint, why: str) -> click.Command:
+    source = f"{ep.value} (from {ep.dist.name})" if ep.dist else ep.value
+    message = (f"gpuserve {ep.name}: {source} does not load: {why}. Reinstall it "
+               "(in a gpuserve checkout: ./dev/bootstrap.sh)")
+
+    def fail() -> None:
+        raise click.ClickException(message)
+
+    return click.Command(ep.name, callback=fail, help=message, short_help="does not load (see --help)",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+
+
+add_commands(main)

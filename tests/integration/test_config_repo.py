@@ -68,7 +68,8 @@ def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """A virtualenv holding gpuserve from a wheel of the current tree (tracked and untracked,
+    """A virtualenv holding gpuserve and the sandbox (its own distribution, sandbox/: the config
+    repo's inventory uses its host list) from wheels of the current tree (tracked and untracked,
     not ignored files). The pinned dependencies come from this run's virtualenv as a plain path
     (a .pth line, whose own .pth files, the editable install among them, are not read), and the
     checkout is not on the path."""
@@ -82,12 +83,13 @@ def installed(tmp_path_factory) -> Path:
     # as users build it: pip's isolated build (setuptools, pyproject's build-system, from pip's
     # cache or the index: the one download here)
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
-          str(src), "-w", str(dist)])
-    wheel, = dist.glob("gpuserve-*.whl")
+          str(src), str(src / "sandbox"), "-w", str(dist)])
+    wheels = [str(w) for w in sorted(dist.glob("*.whl"))]
+    assert [Path(w).name.split("-")[0] for w in wheels] == ["gpuserve", "gpuserve_sandbox"], wheels
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
     _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-          "--no-index", str(wheel)])
+          "--no-index", *wheels])
     purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout
     (Path(purelib.strip()) / "gpuserve-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import runpy
 import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from gpuserve import config, schema
 from gpuserve.plan import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
+SANDBOX = REPO / "sandbox"   # the sandbox's own distribution
 DEFAULTS = {k.name: k.default for k in schema.KEYS}   # gpuserve.schema: every default, once
 
 
@@ -42,22 +46,88 @@ def test_python_m_prints_a_deploy_path(capsys):
 
 
 def test_the_package_list_holds_every_subpackage():
-    """pyproject lists the packages (gpuserve.deploys lives in deploys/): none may be forgotten."""
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    code = {p for p in find_namespace_packages(str(REPO), include=["gpuserve*", "gpuserve_sandbox*"])
-            if any((REPO / p.replace(".", "/")).glob("*.py"))}
-    assert code - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
-    assert listed - code == {"gpuserve.deploys"}
+    """Each distribution lists its packages (gpuserve.deploys lives in deploys/): none may be
+    forgotten. The sandbox is a distribution of its own (sandbox/), not a package of gpuserve's."""
+    for root, extra in ((REPO, {"gpuserve.deploys"}), (SANDBOX, set())):
+        listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+        code = {p for p in find_namespace_packages(str(root), include=["gpuserve*", "gpuserve_sandbox*"])
+                if any((root / p.replace(".", "/")).glob("*.py"))}
+        assert code - listed == set(), f"add these to [tool.setuptools] packages in {root}/pyproject.toml"
+        assert listed - code == extra
+    assert not any(p.startswith("gpuserve_sandbox") for p in find_namespace_packages(str(REPO))), \
+        "the sandbox lives in sandbox/gpuserve_sandbox"
+
+
+def _files(under: str) -> list[str]:
+    """What a clean clone holds under a folder: the files git has (tracked, and untracked ones
+    that are not ignored)."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", under],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [n for n in out.split("\0") if n and (REPO / n).is_file()]
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> dict[str, zipfile.ZipFile]:
+    """Both distributions' wheels, built by their build backend's PEP 517 hook (what pip calls)
+    from a copy of the checkout's files; no build isolation, so nothing is downloaded."""
+    tmp = tmp_path_factory.mktemp("wheels")
+    src, out = tmp / "src", tmp / "dist"
+    for name in _files("."):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, src / name)
+    built = {}
+    for dist, where in (("gpuserve", src), ("gpuserve-sandbox", src / "sandbox")):
+        name = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                               "print(b.build_wheel(sys.argv[1]))", str(out)], cwd=where,
+                              capture_output=True, text=True, check=True).stdout.split()[-1]
+        built[dist] = zipfile.ZipFile(out / name)
+    return built
+
+
+def _metadata(wheel: zipfile.ZipFile, name: str) -> str:
+    info, = {n.split("/")[0] for n in wheel.namelist() if n.split("/")[0].endswith(".dist-info")}
+    return wheel.read(f"{info}/{name}").decode() if f"{info}/{name}" in wheel.namelist() else ""
+
+
+def test_the_gpuserve_wheel_holds_the_product_with_its_files_and_no_sandbox(wheels):
+    """Every file of the package (templates, host programs, dashboards) and every deploy is in the
+    wheel; nothing of the sandbox is, and gpuserve adds no command of its own through entry points."""
+    names = set(wheels["gpuserve"].namelist())
+    want = {*_files("gpuserve"), *("gpuserve/deploys/" + n.split("/", 1)[1] for n in _files("deploys"))}
+    assert {"gpuserve/templates/gpuserve.service.j2", "gpuserve/templates/grafana/host.json",
+            "gpuserve/files/gpuserve-gate", "gpuserve/files/gpuserve-watchdog", "gpuserve/deploys/serve.py"} <= want
+    assert want - names == set()
+    assert [n for n in names if "sandbox" in n.split("/")[0]] == []
+    assert "gpuserve.commands" not in _metadata(wheels["gpuserve"], "entry_points.txt")
+    requires = [line for line in _metadata(wheels["gpuserve"], "METADATA").splitlines()
+                if line.startswith("Requires-Dist:")]
+    assert any(r.startswith("Requires-Dist: pyinfra") for r in requires)
+    assert not [r for r in requires if "numpy" in r or "sandbox" in r], requires
+
+
+def test_the_sandbox_wheel_adds_gpuserve_sandbox_and_needs_this_gpuserve(wheels):
+    wheel = wheels["gpuserve-sandbox"]
+    want = {n.split("/", 1)[1] for n in _files("sandbox/gpuserve_sandbox")}
+    assert {"gpuserve_sandbox/cli.py", "gpuserve_sandbox/files/sim-nvidia-smi",
+            "gpuserve_sandbox/files/standin/libcuda.c"} <= want
+    assert want - set(wheel.namelist()) == set()
+    assert "[gpuserve.commands]\nsandbox = gpuserve_sandbox.cli:sandbox" in _metadata(wheel, "entry_points.txt")
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    metadata = _metadata(wheel, "METADATA")
+    assert f"Version: {version}\n" in metadata and f"Requires-Dist: gpuserve=={version}\n" in metadata
+    assert "Requires-Dist: numpy" in metadata
 
 
 def test_the_files_deploys_read_are_inside_the_package():
+    """Templates, host programs and dashboards: one place, in the package (files/, templates/)."""
+    from gpuserve import grafana
     from gpuserve.layers import service, watchdog
 
     pkg = Path(config.__file__).resolve().parent
-    for f in (service.TEMPLATES / "gpuserve.service.j2", service.GATE_SRC, watchdog.PROGRAM_SRC):
+    dashboards = sorted(grafana.OUT_DIR.glob("*.json"))
+    assert [p.stem for p in dashboards] == sorted(grafana.DASHBOARDS)
+    for f in (service.TEMPLATES / "gpuserve.service.j2", service.GATE_SRC, watchdog.PROGRAM_SRC, *dashboards):
         assert f.is_file() and f.resolve().is_relative_to(pkg), f
-    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
-    assert "templates/*" in data and "files/*" in data
 
 
 def test_group_data_all_holds_no_default_of_its_own():

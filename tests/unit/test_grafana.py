@@ -1,4 +1,4 @@
-"""The Grafana dashboards in templates/grafana/ (gpuserve/grafana.py), checked three ways:
+"""The Grafana dashboards in gpuserve/templates/grafana/ (gpuserve/grafana.py), checked three ways:
 
 - they are what gpuserve/grafana.py generates, in the shape Grafana imports (``__inputs`` asking
   for a Prometheus data source, used by every panel, query and variable);
@@ -21,8 +21,7 @@ import pytest
 
 from gpuserve import grafana, monitoring
 
-REPO = Path(__file__).resolve().parents[2]
-FILES = sorted((REPO / "templates" / "grafana").glob("*.json"))
+FILES = sorted(grafana.OUT_DIR.glob("*.json"))
 PROMTOOL = shutil.which("promtool")
 HOST, DEPLOYMENT = "gpu-1", "d"
 # Grafana's variables, as a user picks them (the test series carry these values)

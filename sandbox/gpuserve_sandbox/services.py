@@ -23,7 +23,7 @@ from gpuserve_sandbox import network
 from gpuserve_sandbox.hub import SANDBOX_PORT, SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
 from gpuserve_sandbox.util import SandboxError, file_lock, log
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]   # the checkout: sandbox/gpuserve_sandbox/services.py
 
 
 def sandbox_group_data() -> dict:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]   # the checkout: sandbox/gpuserve_sandbox/runner.py
 _HOST_ERROR = re.compile(r"^\s+\[[^\]]+\] Error")
 _TOTAL = re.compile(r"^\s*Grand total\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", re.M)
 

@@ -1,1 +1,0 @@
-"""Real local test hosts ("the sandbox"); only the GPU is simulated."""
