@@ -317,9 +317,9 @@ def batches(moves: Sequence, host_order: Sequence[str], max_unavailable: int) ->
     return out
 
 
-def gateway_problem(units_active: bool, workers_json: str | None) -> str | None:
+def gateway_problem(units_active: bool, workers_json: str | None, need_worker: bool = True) -> str | None:
     """Why a gateway does not serve clients now (None: it does): nginx or smg not active, smg's
-    /workers not answering, or no worker ready and healthy in it."""
+    /workers not answering, or (``need_worker``) no worker ready and healthy in it."""
     if not units_active:
         return f"nginx or {gateway.UNIT} is not active"
     if workers_json is None:
@@ -328,7 +328,7 @@ def gateway_problem(units_active: bool, workers_json: str | None) -> str | None:
         states = gateway.worker_states(workers_json)
     except (ValueError, AttributeError):
         return f"smg's /workers is not JSON: {workers_json[:120]!r}"
-    if not any(gateway.serving_healthy(states, wid) for wid in states):
+    if need_worker and not any(gateway.serving_healthy(states, wid) for wid in states):
         return f"no worker is ready and healthy in smg ({len(states)} listed)"
     return None
 
@@ -348,6 +348,12 @@ def last_gateway_refusal(host: str, serves_now: bool, others: Mapping[str, str |
             "in flight on it. Bring another gateway up and run deploys/patch.py again, or allow it "
             "for a maintenance window with `--data patch_last_gateway=True` (clients get errors "
             "until it is back)")
+
+
+def enabled_units_command(units: Sequence[str]) -> str:
+    """Prints those of ``units`` that start at boot (enabled), one a line: the role's services
+    this host runs (a monitor group host may never have been converged with Prometheus)."""
+    return " ".join(f"systemctl is-enabled -q {u} 2>/dev/null && echo {u};" for u in units) + " true"
 
 
 def inactive(units: Sequence[str], is_active_output: str) -> list[str]:

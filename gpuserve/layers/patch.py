@@ -71,7 +71,7 @@ def refuse_unfinished_patch(kind: str, settings: HostSettings) -> None:
 ROLE_READY_S = 180   # a role's services up again, and a gateway serving a worker, after the update
 
 
-def _gateway_state(gh, g) -> str | None:
+def _gateway_state(gh, g, need_worker: bool = True) -> str | None:
     """Why gateway ``gh`` does not serve clients now (None: it does)."""
     try:
         connected(gh, "a gateway that must serve while another one is updated")
@@ -79,7 +79,7 @@ def _gateway_state(gh, g) -> str | None:
         ok, out = shell(gh, f"curl -fsS --max-time 5 {gateway.admin_url(g, '/workers')}", COMMAND_TIMEOUT_S)
     except MoveFailed as exc:
         return str(exc)
-    return patch.gateway_problem(active, out.stdout if ok else None)
+    return patch.gateway_problem(active, out.stdout if ok else None, need_worker)
 
 
 def other_gateways_serve(h, s: HostSettings) -> None:
@@ -105,22 +105,27 @@ def other_gateways_serve(h, s: HostSettings) -> None:
 
 
 def role_ready(h, move: PatchMove, s: HostSettings) -> str | None:
-    """After the update (and reboot): the role's services active, and a gateway serving a worker
-    again, within ROLE_READY_S. Why not (None: ready): the next gateway never goes while this
-    one does not serve."""
+    """After the update (and reboot): the role's services this host runs (enabled) active, and a
+    gateway's smg answering with a worker ready and healthy, within ROLE_READY_S. Why not (None:
+    ready): the next gateway never goes while this one does not serve. A gateway that serves too
+    has its own deployments still out here: its smg must answer (back_in then waits for them)."""
     if not move.units:
         return None
+    out = shell(h, patch.enabled_units_command(move.units), COMMAND_TIMEOUT_S)[1]
+    units = [u for u in out.stdout.split() if u in move.units]
+    smg = s.gateway is not None and gateway.UNIT in units
     deadline = time.monotonic() + ROLE_READY_S
-    while True:
-        out = shell(h, f"systemctl is-active {' '.join(move.units)}", COMMAND_TIMEOUT_S)[1]
-        down = patch.inactive(move.units, out.stdout)
+    while units:
+        out = shell(h, f"systemctl is-active {' '.join(units)}", COMMAND_TIMEOUT_S)[1]
+        down = patch.inactive(units, out.stdout)
         why = f"not active: {', '.join(down)}" if down else None
-        if why is None and s.gateway is not None:
-            why = _gateway_state(h, s.gateway)
+        if why is None and smg:
+            why = _gateway_state(h, s.gateway, need_worker=not move.deployments)
         if why is None:
-            logger.info(f"    [{h.name}] {', '.join(move.units)} active"
-                        + ("; the gateway serves" if s.gateway is not None else ""))
+            logger.info(f"    [{h.name}] {' '.join(units)} active" + ("; the gateway serves" if smg else ""))
             return None
         if time.monotonic() > deadline:
             return f"{h.name}: {ROLE_READY_S} s after the update: {why}"
         time.sleep(2)
+    logger.info(f"    [{h.name}] none of {', '.join(move.units)} is enabled here: nothing to wait for")
+    return None

@@ -65,6 +65,9 @@ def test_a_gateway_serves_when_nginx_and_smg_run_and_smg_has_a_healthy_worker():
     assert patch.gateway_problem(True, None) == "smg's /workers does not answer"
     assert patch.gateway_problem(True, _workers(("ready", False))) == "no worker is ready and healthy in smg (1 listed)"
     assert patch.gateway_problem(True, "<html>").startswith("smg's /workers is not JSON")
+    # a gateway that serves too, its own worker still out after its update: smg must answer
+    assert patch.gateway_problem(True, _workers(("ready", False)), need_worker=False) is None
+    assert patch.gateway_problem(True, None, need_worker=False) == "smg's /workers does not answer"
 
 
 def test_the_last_serving_gateway_is_not_taken_down_unless_the_operator_allows_it():
@@ -122,17 +125,22 @@ def gw_settings(tmp_path):
 class RoleHost(Host):
     """test_patch's recording host, whose units are active when ``active`` says so."""
 
-    def __init__(self, st, active=True):
+    def __init__(self, st, active=True, enabled=None):
         super().__init__(st)
-        self.active = active
+        self.active, self.enabled = active, enabled
 
     def run_shell_command(self, command, _sudo=False, _timeout=None):
         text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
-        if text.startswith("systemctl is-active ") and self.active:
-            self.ran.append(text)
+        out = None
+        if text.startswith("systemctl is-enabled "):   # patch.enabled_units_command
+            units = [w for w in text.split() if w.endswith(".service")]
+            out = "\n".join(u for u in dict.fromkeys(units) if self.enabled is None or u in self.enabled)
+        elif text.startswith("systemctl is-active ") and self.active:
             out = "\n".join("active" for _ in text.split()[2:])
-            return True, SimpleNamespace(stdout=out, stderr="", output=out, stdout_lines=out.splitlines())
-        return super().run_shell_command(command, _sudo, _timeout)
+        if out is None:
+            return super().run_shell_command(command, _sudo, _timeout)
+        self.ran.append(text)
+        return True, SimpleNamespace(stdout=out, stderr="", output=out, stdout_lines=out.splitlines())
 
 
 def _role_move(s, role=patch.GATEWAY, kernel=NEW_K) -> PatchMove:
@@ -146,10 +154,12 @@ def test_a_gateway_updates_reboots_without_a_module_check_and_waits_for_its_serv
     host_state.dkms = host_state.builds = ()      # no GPU driver at all: no DKMS module is asked for
     asked = []
     monkeypatch.setattr(patch_layer, "other_gateways_serve", lambda h, s: asked.append(h.name))
-    monkeypatch.setattr(patch_layer, "_gateway_state", lambda h, g: None)
+    needs = []
+    monkeypatch.setattr(patch_layer, "_gateway_state", lambda h, g, need_worker: needs.append(need_worker))
     h = RoleHost(host_state)
     layer.move_stack(h, _role_move(gw_settings), gw_settings)
     assert asked == ["h1"]                                     # before anything ran
+    assert needs == [True]            # it serves nothing itself: smg must list a worker ready
     assert _steps(h) == ["update", "reboot"] and host_state.running == NEW_K
     units = f"systemctl is-active nginx.service {gateway.UNIT}"
     assert units in h.ran and h.ran.index(units) > h.ran.index("cat /proc/sys/kernel/random/boot_id")
@@ -175,3 +185,13 @@ def test_a_monitor_whose_services_do_not_come_back_leaves_its_move_unfinished(gw
                                          r"The host's move is unfinished; fix it"):
         layer.move_stack(h, _role_move(gw_settings, role=patch.MONITOR, kernel=None), gw_settings)
     assert f"rm -f {patch.PATCH_MOVING}" not in h.ran          # the next run finishes it
+
+
+def test_a_role_host_waits_only_for_the_services_it_runs(gw_settings, host_state, monkeypatch):
+    """A host of the group monitor that was never converged with Prometheus: nothing enabled,
+    nothing to wait for; its update and reboot still happen."""
+    monkeypatch.setattr(patch_layer, "ROLE_READY_S", 0)
+    h = RoleHost(host_state, active=False, enabled=())
+    layer.move_stack(h, _role_move(gw_settings, role=patch.MONITOR), gw_settings)
+    assert _steps(h) == ["update", "reboot"] and not any(c.startswith("systemctl is-active") for c in h.ran)
+    assert f"rm -f {patch.PATCH_MOVING}" in h.ran
