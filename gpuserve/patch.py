@@ -14,6 +14,10 @@ Every host whose update moves any package takes this move, kernel or not: mainta
 restart the services they update (nginx, the host's TLS front door, among them), and a library
 replaced under a running engine is patched only once the engine restarts. A host with nothing
 to update, and no kernel waiting to boot, does not move.
+
+Hosts of the role groups (gateway, monitor) take the same move without deployments or a DKMS
+check (no GPU driver), after every serving host, one at a time, the gateways last (batches), and
+never the last gateway that serves (last_gateway_refusal) unless the operator allows it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """OS and kernel updates as a rollout reason: the host's PatchMove from its facts now.
 
-deploys/patch.py adds one move per serving host with something to update (gpuserve.patch); the
-rollout (gpuserve.layers.rollout) runs them through the GPU-stack move's pipeline
+deploys/patch.py adds one move per host with something to update (gpuserve.patch); the rollout
+(gpuserve.layers.rollout) runs them through the GPU-stack move's pipeline
 (gpuserve.layers.stack_move): out, drained, stopped, updated within the holds, rebooted if the
 kernel changed (after checking its GPU driver module was built), verified, admitted, started,
-gated, back in. docs/patching.md.
+gated, back in. A gateway or monitor host (no deployment, no GPU driver) is updated, rebooted
+if its kernel changed, and waits for its role's services; a gateway first needs another gateway
+that serves (other_gateways_serve), unless patch_last_gateway. Also the refusal of an upgrade on
+a host whose patch move did not finish (refuse_unfinished_patch). docs/patching.md.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ import pytest
 
 from gpuserve import gateway, layout, patch, stack
 from gpuserve.rollout import drain_flag
+from gpuserve_sandbox import fleet as fleet_view
 from gpuserve_sandbox import standin_repo
 from gpuserve_sandbox.runner import run_pyinfra
 
@@ -155,7 +156,7 @@ def _healthy(view, serving) -> bool:
 
 
 @pytest.fixture(scope="module")
-def gw_fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse):
+def gw_fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
     serving, gw = make_hosts(["cpu", "gateway"])
     run_pyinfra(INV, SERVE, instance=sandbox.instance).check()
     # the stand-in archive is signed with the stand-in key that cuda-keyring brings to GPU hosts;
@@ -168,12 +169,21 @@ def gw_fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse):
                     f"printf '%s' '{line}' > {path} && apt-get update -q >/dev/null && "
                     f"{APT} install linux-image-{standin_repo.KERNEL_FLAVOUR}", timeout=300)
     standin_repo.publish_kernel(sandbox.state_dir, sandbox.root, "6.1.0-41")   # an update, with a kernel
-    return serving, gw
+    return serving, gw, tmp_path_factory.mktemp("certs")
+
+
+def _chat_through(sandbox, gw, certs) -> int:
+    """A client's chat request through the gateway's TLS front (group_data/gateway.py's port)."""
+    status, body = fleet_view.proxy_request(
+        sandbox, gw, certs, "/v1/chat/completions", fleet_view.client_key(sandbox),
+        {"model": "tiny-chat", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+        timeout=120, port=9443)
+    return status
 
 
 def test_the_only_gateway_is_refused_then_updated_rebooted_and_serving_in_a_maintenance_window(
         gw_fleet, sandbox, pyinfra):
-    serving, gw = gw_fleet
+    serving, gw, certs = gw_fleet
     n = gw.name
     before = _gw_view(sandbox, gw)
     assert before["kernel"] != K41 and f"linux-image-{K40}" in before["images"], before
@@ -195,6 +205,7 @@ def test_the_only_gateway_is_refused_then_updated_rebooted_and_serving_in_a_main
     after = _gw_view(sandbox, gw)
     assert after["kernel"] == K41 and after["boot"] != before["boot"] and not after["moving"], after
     assert after["units"] == ["active", "active"] and _healthy(after, serving), after
+    assert _chat_through(sandbox, gw, certs) == 200                   # clients are served again
     steps = [f"[{n}] the last serving gateway is updated (patch_last_gateway)",
              f"[{n}] applying OS updates within the holds", f"[{n}] rebooting to boot kernel {K41}",
              f"[{n}] running kernel {K41}; no GPU driver to check",
@@ -206,7 +217,7 @@ def test_the_only_gateway_is_refused_then_updated_rebooted_and_serving_in_a_main
 
 
 def test_an_upgrade_refuses_a_serving_host_whose_patch_move_did_not_finish_gateway_fleet(gw_fleet, sandbox, pyinfra):
-    serving, _ = gw_fleet
+    serving = gw_fleet[0]
     sandbox.ssh(serving, f"mkdir -p {patch.PATCH_MOVING.rsplit('/', 1)[0]} && touch {patch.PATCH_MOVING}")
     try:
         run = pyinfra(INV, UPGRADE)
