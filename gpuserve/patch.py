@@ -337,9 +337,8 @@ def gateway_problem(units_active: bool, workers_json: str | None, need_worker: b
     return None
 
 
-def last_gateway_refusal(host: str, serves_now: bool, others: Mapping[str, str | None],
-                         allowed: bool) -> str | None:
-    """Why gateway ``host`` may not be updated now (None: it may): it serves clients and no other
+def last_gateway_refusal(serves_now: bool, others: Mapping[str, str | None], allowed: bool) -> str | None:
+    """Why a gateway may not be updated now (None: it may): it serves clients and no other
     gateway does. ``others``: every other gateway of the inventory -> why it does not serve (None:
     it does). ``allowed``: patch_last_gateway (a maintenance window). A gateway that does not
     serve itself takes nothing down."""
@@ -347,7 +346,7 @@ def last_gateway_refusal(host: str, serves_now: bool, others: Mapping[str, str |
         return None
     state = ("; ".join(f"{n}: {why}" for n, why in sorted(others.items()))
              or "the inventory has no other gateway")
-    return (f"{host}: no other gateway serves ({state}): updating it would take the fleet's last "
+    return (f"no other gateway serves ({state}): updating it would take the fleet's last "
             "entry point down (nginx restarts, a new kernel reboots the host) and drop the requests "
             "in flight on it. Bring another gateway up and run deploys/patch.py again, or allow it "
             "for a maintenance window with `--data patch_last_gateway=True` (clients get errors "

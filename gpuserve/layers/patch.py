@@ -94,7 +94,7 @@ def other_gateways_serve(h, s: HostSettings) -> None:
     others = {gh.name: _gateway_state(gh, every[gh.name].gateway) for gh in state.inventory
               if gh.name != h.name and gh.name in every and every[gh.name].gateway is not None}
     mine = _gateway_state(h, s.gateway)
-    why = patch.last_gateway_refusal(h.name, mine is None, others, s.patch_last_gateway)
+    why = patch.last_gateway_refusal(mine is None, others, s.patch_last_gateway)
     if why:
         raise MoveFailed(f"{h.name}: OS update move refused before any change: {why}")
     serving = [n for n, v in others.items() if v is None]

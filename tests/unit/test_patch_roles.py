@@ -71,15 +71,15 @@ def test_a_gateway_serves_when_nginx_and_smg_run_and_smg_has_a_healthy_worker():
 
 
 def test_the_last_serving_gateway_is_not_taken_down_unless_the_operator_allows_it():
-    assert patch.last_gateway_refusal("gw1", True, {"gw2": None}, False) is None
-    alone = patch.last_gateway_refusal("gw1", True, {}, False)
-    assert alone.startswith("gw1: no other gateway serves (the inventory has no other gateway): updating it "
+    assert patch.last_gateway_refusal(True, {"gw2": None}, False) is None
+    alone = patch.last_gateway_refusal(True, {}, False)
+    assert alone.startswith("no other gateway serves (the inventory has no other gateway): updating it "
                             "would take the fleet's last entry point down")
     assert "--data patch_last_gateway=True" in alone
-    down = patch.last_gateway_refusal("gw1", True, {"gw2": "smg's /workers does not answer"}, False)
+    down = patch.last_gateway_refusal(True, {"gw2": "smg's /workers does not answer"}, False)
     assert "(gw2: smg's /workers does not answer)" in down
-    assert patch.last_gateway_refusal("gw1", True, {"gw2": "down"}, True) is None      # a maintenance window
-    assert patch.last_gateway_refusal("gw1", False, {"gw2": "down"}, False) is None    # it serves nothing now
+    assert patch.last_gateway_refusal(True, {"gw2": "down"}, True) is None      # a maintenance window
+    assert patch.last_gateway_refusal(False, {"gw2": "down"}, False) is None    # it serves nothing now
 
 
 def test_an_upgrade_refuses_a_host_whose_patch_move_did_not_finish():
