@@ -11,13 +11,15 @@ verify, admission checks, start, gate, back in. A failed gate puts that host bac
 and stops the rollout (exit non-zero); a host that fails after its stack changed stays out of
 rotation with its engines stopped; hosts not reached keep their release and stack. Running it again once every
 host serves the pinned release changes nothing; running it again after an interrupted rollout
-(the run killed, a host unreachable) finishes it.
+(the run killed, a host unreachable) finishes it. A host whose OS update move (deploys/patch.py)
+did not finish refuses the whole run before anything changes: deploys/patch.py finishes it first.
 """
 
 from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.engine import engine
 from gpuserve.layers.gpu_stack import gpu_stack, stack_move
+from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.rollout import add_rollout, deployment_state
 from gpuserve.layers.service import service
@@ -29,6 +31,7 @@ settings = host_settings()
 
 moves = []
 if settings.serves:   # a host of role groups only (gateway, monitor) serves no model: nothing to move
+    refuse_unfinished_patch("upgrade", settings)   # out mid-patch: deploys/patch.py finishes it
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
     spec = engine(settings)
     weights(settings)

@@ -182,6 +182,8 @@ class HostSettings:
     # --- one render per host (issue 11): each deployment's serve config, rendered once by
     # validation (recipes.render) and read by every layer, `gpuserve plan` and the gate ---
     serve_configs: Mapping[str, recipes.ServeConfig] = field(default_factory=lambda: MappingProxyType({}))
+    # --- patching (docs/patching.md) ---
+    patch_last_gateway: bool = schema.default("patch_last_gateway")  # deploys/patch.py may take the last serving gateway down
 
     def source(self, key: str) -> str:
         return self.sources.get(key, DEFAULT)
@@ -880,6 +882,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     gpu_stack = _gpu_stack(c)
     mon = _monitor(c)
     level.update(_removal_keys(c))
+    level.update(_patch_keys(c))   # --- patching ---
     if level.get("proxy") is True:
         for dep in deployments or ():
             if dep.api_keys_file is None:
@@ -948,6 +951,18 @@ def _removal_keys(c: _Checker) -> dict[str, Any]:
 # --- end of removal ------------------------------------------------------------------------------
 
 
+# --- patching (deploys/patch.py; docs/patching.md) -----------------------------------------------
+def _patch_keys(c: _Checker) -> dict[str, Any]:
+    last = c.get("patch_last_gateway")
+    if not isinstance(last, bool):
+        c.problem("patch_last_gateway", f"{last!r} is not allowed; use True (deploys/patch.py may update "
+                  "this gateway while no other gateway serves: a maintenance window) or False")
+        last = False
+    return {"patch_last_gateway": last}
+
+# --- end of patching -----------------------------------------------------------------------------
+
+
 def validate_inventory(inventory: Inventory, *, require_revision: bool = True,
                        deploying: bool = False) -> dict[str, HostSettings]:
     """Settings of every host by name; raises one ConfigError with every host's problems.
@@ -990,6 +1005,7 @@ def _role_host(c: _Checker) -> tuple[HostSettings | None, list[Problem]]:
     mon = _monitor(c)
     gpu_stack = _gpu_stack(c)
     level.update(_removal_keys(c))   # --- removal: a role host can be decommissioned too ---
+    level.update(_patch_keys(c))   # --- patching: a gateway's own override ---
     if c.problems or mon is None or gpu_stack is None:
         return None, list(c.problems)
     settings = HostSettings(

@@ -14,6 +14,10 @@ Every host whose update moves any package takes this move, kernel or not: mainta
 restart the services they update (nginx, the host's TLS front door, among them), and a library
 replaced under a running engine is patched only once the engine restarts. A host with nothing
 to update, and no kernel waiting to boot, does not move.
+
+Hosts of the role groups (gateway, monitor) take the same move without deployments or a DKMS
+check (no GPU driver), after every serving host, one at a time, the gateways last (batches), and
+never the last gateway that serves (last_gateway_refusal) unless the operator allows it.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cmp_to_key
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
+from gpuserve import gateway, monitoring, rollout
 from gpuserve.rollout import StackMove
 
 # a patch move that began and has not finished (the host is out of rotation): a rerun finishes it
@@ -273,6 +278,8 @@ class PatchMove(StackMove):
     is the OS update. ``pins`` are the host's current stack pins: the GPU stack stays as it is."""
     upgrades: tuple[str, ...] = ()    # packages the plan saw (the move upgrades what apt offers then)
     kernel: str | None = None         # the kernel it expects to boot into, when one changes
+    role: str | None = None           # GATEWAY, MONITOR (role_of), or None: a serving host
+    units: tuple[str, ...] = ()       # the role's services, active again before the move ends
 
     def __str__(self) -> str:
         return f"{self.host} OS updates ({self.reason})"
@@ -280,3 +287,93 @@ class PatchMove(StackMove):
     @property
     def title(self) -> str:
         return "OS update move"
+
+
+# --- hosts of role groups (gateway, monitor): docs/patching.md, "Gateway and monitor hosts" -----
+GATEWAY, MONITOR = gateway.GATEWAY_GROUP, monitoring.MONITOR_GROUP
+ROLE_UNITS = {GATEWAY: ("nginx.service", gateway.UNIT),
+              MONITOR: ("prometheus.service", "prometheus-alertmanager.service")}
+
+
+def role_of(serves: bool, is_gateway: bool) -> str | None:
+    """How a host's patch move is ordered: GATEWAY for a gateway (serving too or not: every
+    serving host's move goes out and back in through every gateway), MONITOR for a host of the
+    group monitor that serves nothing, None for a serving host."""
+    if is_gateway:
+        return GATEWAY
+    return None if serves else MONITOR
+
+
+def role_units(is_gateway: bool, is_monitor: bool) -> tuple[str, ...]:
+    """The services a host's role runs (active again before its patch move ends)."""
+    return ((ROLE_UNITS[GATEWAY] if is_gateway else ()) + (ROLE_UNITS[MONITOR] if is_monitor else ()))
+
+
+def batches(moves: Sequence, host_order: Sequence[str], max_unavailable: int) -> list[list]:
+    """The patch rollout's batches: serving hosts first, ``max_unavailable`` at a time in
+    inventory order; then the monitor hosts, then the gateways, one host per batch. A gateway
+    goes last and alone: a serving host's move takes it out of and back into every gateway (each
+    must answer), and a gateway's update drops the requests in flight on it."""
+    role = {m.host: getattr(m, "role", None) for m in moves}
+    out = rollout.batches([m for m in moves if role[m.host] is None], host_order, max_unavailable)
+    for r in (MONITOR, GATEWAY):
+        out += rollout.batches([m for m in moves if role[m.host] == r], host_order, 1)
+    return out
+
+
+def gateway_problem(units_active: bool, workers_json: str | None, need_worker: bool = True) -> str | None:
+    """Why a gateway does not serve clients now (None: it does): nginx or smg not active, smg's
+    /workers not answering, or (``need_worker``) no worker ready and healthy in it."""
+    if not units_active:
+        return f"nginx or {gateway.UNIT} is not active"
+    if workers_json is None:
+        return "smg's /workers does not answer"
+    try:
+        states = gateway.worker_states(workers_json)
+    except (ValueError, AttributeError):
+        return f"smg's /workers is not JSON: {workers_json[:120]!r}"
+    if need_worker and not any(gateway.serving_healthy(states, wid) for wid in states):
+        return f"no worker is ready and healthy in smg ({len(states)} listed)"
+    return None
+
+
+def last_gateway_refusal(serves_now: bool, others: Mapping[str, str | None], allowed: bool) -> str | None:
+    """Why a gateway may not be updated now (None: it may): it serves clients and no other
+    gateway does. ``others``: every other gateway of the inventory -> why it does not serve (None:
+    it does). ``allowed``: patch_last_gateway (a maintenance window). A gateway that does not
+    serve itself takes nothing down."""
+    if allowed or not serves_now or any(why is None for why in others.values()):
+        return None
+    state = ("; ".join(f"{n}: {why}" for n, why in sorted(others.items()))
+             or "the inventory has no other gateway")
+    return (f"no other gateway serves ({state}): updating it would take the fleet's last "
+            "entry point down (nginx restarts, a new kernel reboots the host) and drop the requests "
+            "in flight on it. Bring another gateway up and run deploys/patch.py again, or allow it "
+            "for a maintenance window with `--data patch_last_gateway=True` (clients get errors "
+            "until it is back)")
+
+
+def enabled_units_command(units: Sequence[str]) -> str:
+    """Prints those of ``units`` that start at boot (enabled), one a line: the role's services
+    this host runs (a monitor group host may never have been converged with Prometheus)."""
+    return " ".join(f"systemctl is-enabled -q {u} 2>/dev/null && echo {u};" for u in units) + " true"
+
+
+def inactive(units: Sequence[str], is_active_output: str) -> list[str]:
+    """The units `systemctl is-active <units>` does not report active (one state per line)."""
+    states = is_active_output.split()
+    return [u for i, u in enumerate(units) if i >= len(states) or states[i] != "active"]
+
+
+def unfinished_patch_refusal(kind: str, host: str, patch_unfinished: bool) -> str | None:
+    """Why ``kind`` (upgrade) may not plan ``host`` (None: it may): an OS update move began there
+    and did not finish, so the host is out of rotation, its engines stopped, its packages or
+    kernel possibly half changed. Only deploys/patch.py finishes that move (its checks: the
+    kernel booted, the driver module built); an upgrade would put the host back into rotation
+    unchecked."""
+    if not patch_unfinished:
+        return None
+    return (f"{kind} refused: {host}: an OS update move (deploys/patch.py) did not finish there "
+            f"({PATCH_MOVING} is present): the host is out of rotation with its engines stopped. "
+            f"Run deploys/patch.py again to finish it (it names what failed), then run the {kind} "
+            "again")

@@ -247,6 +247,10 @@ KEYS: tuple[Key, ...] = (
     Key("decommission", False, "bool", BOOL, "`deploys/decommission.py` removes gpuserve from a host "
         "only where this is `True` (set it in that host's data); a run including any other host is "
         "refused before anything is touched. See docs/removal.md", _OTHER, H),
+    Key("patch_last_gateway", False, "bool", BOOL, "`deploys/patch.py` updates (and reboots) a gateway "
+        "only while another gateway serves; `True` (e.g. `--data patch_last_gateway=True`) lets it take "
+        "the last one down, for a maintenance window: its clients get errors until it is back. See "
+        "docs/patching.md, \"Gateway and monitor hosts\"", _OTHER, H),
     Key("keep_releases", 1, "int", Int(1, 20), "previous releases kept beside `current` (with their "
         "engine envs and checkpoints) for rollback", _OTHER, H),
     Key("rollback_to", None, "str", "a release id on the host (`gpuserve status`)",

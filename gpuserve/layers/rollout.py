@@ -20,7 +20,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
 from pyinfra.operations import python
 
-from gpuserve import layout, rollout
+from gpuserve import layout, patch, rollout
 from gpuserve.config import HostSettings
 from gpuserve.layers import canary_bake, rotation, stack_move
 from gpuserve.layers.gate import gate as _gate
@@ -76,6 +76,8 @@ def _roll(state, host, kind: str) -> bool:
         if why:
             logger.error(f"--> {why}")
             return False
+    elif kind == "patch":   # serving hosts, then monitor hosts, then gateways one at a time
+        plan = patch.batches(moves, order, max_unavailable)
     else:
         plan = rollout.batches(moves, order, max_unavailable)
     hosts = _hosts_in_order(state)

@@ -34,6 +34,7 @@ from gpuserve import admission, patch, rollout, stack
 from gpuserve.config import HostSettings
 from gpuserve.facts.kernel import HeldVersions, KernelState
 from gpuserve.layers import gpu_ops, remote, rotation
+from gpuserve.layers import patch as patch_layer
 from gpuserve.layers.gate import gate
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
 from gpuserve.patch import PatchMove
@@ -74,6 +75,8 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
     t = target_settings(s, move)
     get = lambda cls, **kw: remote.fact(h, cls, **kw)   # noqa: E731 - a fresh read every time
     t0 = time.monotonic()
+    if isinstance(move, PatchMove) and move.role == patch.GATEWAY:
+        patch_layer.other_gateways_serve(h, s)   # never the last serving gateway (raises)
     logger.info(f"    [{h.name}] {move}: out of rotation")
     for dep in move.deployments:
         rotation.take_out(h, s, dep)
@@ -83,6 +86,9 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
         run(h, rollout.stop(dep), timeout=s.deployment(dep).shutdown_timeout_s + COMMAND_TIMEOUT_S)
     if isinstance(move, PatchMove):
         _patch(h, move, s, t, get)
+        why = patch_layer.role_ready(h, move, s)   # a gateway's or monitor's services
+        if why:
+            _stays_out(h, move, "verify", why)
         _verify_start_gate_in(h, move, s, t, get, t0, "the OS update", record=False)
         return
     target = stack.target(t, move.os)
@@ -220,7 +226,8 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
     why = patch.module_problem(after, target, vendor, driver, h.name)
     if why:
         _stays_out(h, move, "verify", why)
-    logger.info(f"    [{h.name}] running kernel {target}; its GPU driver module is built")
+    logger.info(f"    [{h.name}] running kernel {target}; "
+                + ("its GPU driver module is built" if vendor else "no GPU driver to check"))
 
 
 def _serve_again(h, move: StackMove, s: HostSettings) -> None:
@@ -241,9 +248,10 @@ def _stays_out(h, move: StackMove, step: str, why: str) -> None:
             shell(h, rollout.stop(dep), COMMAND_TIMEOUT_S)
         except MoveFailed as exc:   # unreachable: the failure below says what happened
             logger.warning(f"    {exc}")
-    raise MoveFailed(f"{h.name}: {_title(move)} failed at {step}: {why}. The host "
-                     "stays out of rotation with its engines stopped; fix it and run the same "
-                     "command again to finish the rollout")
+    where = ("The host stays out of rotation with its engines stopped" if move.deployments
+             else "The host's move is unfinished")
+    raise MoveFailed(f"{h.name}: {_title(move)} failed at {step}: {why}. {where}; fix it and run "
+                     "the same command again to finish the rollout")
 
 
 def _reboot(h, t: stack.StackSettings, why: str = "to load the new driver") -> None:
