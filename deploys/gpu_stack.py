@@ -7,16 +7,19 @@ host. On a serving fleet, change the driver pin in group data and run deploys/up
 it moves the stack host by host, out of rotation first (docs/gpu-stack.md, "Rolling stack
 changes"). Use this for hosts you took out of service yourself.
 A host that rebooted starts its engines and passes their readiness gate before the run ends.
-Idempotent: a second run changes nothing. docs/gpu-stack.md.
+Idempotent: a second run changes nothing. docs/gpu-stack.md. A host whose OS update move
+(deploys/patch.py) did not finish refuses the run: deploys/patch.py finishes it first.
 """
 
 from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.gpu_stack import gpu_stack
+from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.service import gate_after_reboot
 
 settings = host_settings()
 
 if settings.serves:   # a host of role groups only (gateway, monitor) has no GPU stack
+    refuse_unfinished_patch("GPU stack converge", settings)   # deploys/patch.py finishes it
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
     gate_after_reboot(settings, gpu_stack())

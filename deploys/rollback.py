@@ -13,16 +13,22 @@ moves each host's GPU stack back to the previous pinned stack recorded on it, ho
 the same move as an upgrade's stack change (drain, stop, apt downgrade within the pins, holds
 re-applied, reboot if the module differs, verify, admission, gate). Change the driver pin in
 group data back too, or the next upgrade moves the hosts forward again.
+
+A host whose OS update move (deploys/patch.py) did not finish refuses the whole run before
+anything changes, as in an upgrade: deploys/patch.py finishes it first.
 """
 
 from pyinfra.api.exceptions import PyinfraError
 
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.gpu_stack import stack_rollback_move
+from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.rollout import add_rollout, deployment_state
 from gpuserve.rollout import rollback_move
 
 settings = host_settings()
+if settings.serves:
+    refuse_unfinished_patch("rollback", settings)   # out mid-patch: deploys/patch.py finishes it
 
 moves = []
 if settings.rollback_stack:
