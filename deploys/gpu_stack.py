@@ -15,7 +15,7 @@ from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.gpu_stack import gpu_stack
 from gpuserve.layers.patch import refuse_unfinished_patch
-from gpuserve.layers.service import gate_after_reboot
+from gpuserve.layers.units import gate_after_reboot
 
 settings = host_settings()
 

@@ -21,10 +21,10 @@ from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
 from gpuserve.layers.monitoring import monitor, monitor_hosts, node_exporter
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.removal import removal
-from gpuserve.layers.service import service
+from gpuserve.layers.units import service
 from gpuserve.layers.watchdog import watchdog
 from gpuserve.layers.weights import weights
-from gpuserve.service import desired_releases
+from gpuserve.release_files import desired_releases
 
 settings = host_settings()
 

@@ -22,10 +22,10 @@ from gpuserve.layers.gpu_stack import gpu_stack, stack_move
 from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.rollout import add_rollout, deployment_state
-from gpuserve.layers.service import service
+from gpuserve.layers.units import service
 from gpuserve.layers.weights import weights
 from gpuserve.rollout import upgrade_move
-from gpuserve.service import desired_releases
+from gpuserve.release_files import desired_releases
 
 settings = host_settings()
 

@@ -17,9 +17,9 @@ from pyinfra.api.connect import connect_all, disconnect_all
 
 from gpuserve.config import ConfigError, validate_inventory
 from gpuserve.facts.gpus import Gpus
-from gpuserve.facts.service import Deployment
+from gpuserve.facts.deployment import Deployment
 from gpuserve.plan import _override_data, limit_hosts, load_inventory
-from gpuserve.service import GATE, probe_url, secrets_env_path
+from gpuserve.release_files import GATE, probe_url, secrets_env_path
 
 
 class EngineStatus(FactBase):

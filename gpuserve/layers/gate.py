@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gpuserve.config import HostSettings
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, shell
-from gpuserve.service import gate_command, tools_enabled
+from gpuserve.release_files import gate_command, tools_enabled
 
 
 def gate(h, s: HostSettings, dep_name: str) -> tuple[bool, str]:

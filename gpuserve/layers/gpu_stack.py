@@ -20,10 +20,10 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import layout, stack
 from gpuserve.layers import gpu_ops
-from gpuserve.facts.service import Deployment
+from gpuserve.facts.deployment import Deployment
 from gpuserve.layers.context import host_settings
 from gpuserve.rollout import StackMove
-from gpuserve.service import probe_url
+from gpuserve.release_files import probe_url
 
 DOWNLOADS = "/var/cache/gpuserve"
 

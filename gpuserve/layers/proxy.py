@@ -25,7 +25,7 @@ from gpuserve import api_keys, certs, gateway, proxy_conf, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings
-from gpuserve.service import secrets_env_path
+from gpuserve.release_files import secrets_env_path
 from gpuserve.values import is_host
 
 NGINX_DIR = proxy_conf.NGINX_DIR

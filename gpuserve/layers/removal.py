@@ -29,7 +29,7 @@ from gpuserve import layout
 from gpuserve import removal as plan
 from gpuserve.config import HostSettings
 from gpuserve.facts.removal import Footprint
-from gpuserve.facts.service import ReleaseRecords
+from gpuserve.facts.deployment import ReleaseRecords
 from gpuserve.layers import rotation
 from gpuserve.layers.proxy import RELOAD_AND_WAIT
 from gpuserve.releases import Release

@@ -25,11 +25,11 @@ from gpuserve.config import HostSettings
 from gpuserve.layers import canary_bake, rotation, stack_move
 from gpuserve.layers.gate import gate as _gate
 from gpuserve.layers.context import all_settings
-from gpuserve.facts.service import Deployment, DeploymentState
+from gpuserve.facts.deployment import Deployment, DeploymentState
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
 from gpuserve.layers.remote import run as _run, shell as _shell
 from gpuserve.rollout import LockHolder, Move, StackMove
-from gpuserve.service import probe_url
+from gpuserve.release_files import probe_url
 
 
 def _hosts_in_order(state) -> list:

@@ -26,7 +26,7 @@ from gpuserve import gateway, rollout
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers.context import all_settings
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
-from gpuserve.service import probe_url
+from gpuserve.release_files import probe_url
 
 DRAIN_POLL_S = 1.0
 BACK_IN_MIN_S = 60   # the least a gateway gets to see a worker back and healthy

@@ -19,7 +19,7 @@ from pyinfra.operations.util import any_changed
 
 from gpuserve import layout, monitoring, proxy_conf, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
-from gpuserve.service import probe_url, secrets_env_path
+from gpuserve.release_files import probe_url, secrets_env_path
 
 PROGRAM_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-watchdog"
 PROGRAM = f"{layout.OPT_DIR}/bin/gpuserve-watchdog"

@@ -53,7 +53,7 @@ def test_missing_key_file_only_warns_at_plan_time():
 def test_a_relative_key_file_is_read_from_where_pyinfra_runs(tmp_path, monkeypatch):
     # the prod example's api_keys_file = "secrets/prod-api-keys" was read as
     # secrets/secrets/prod-api-keys when the proxy was off
-    from gpuserve.layers.service import _secrets_content
+    from gpuserve.layers.units import _secrets_content
 
     (tmp_path / "secrets").mkdir()
     key = "k" * 32

@@ -121,12 +121,12 @@ def test_the_sandbox_wheel_adds_gpuserve_sandbox_and_needs_this_gpuserve(wheels)
 def test_the_files_deploys_read_are_inside_the_package():
     """Templates, host programs and dashboards: one place, in the package (files/, templates/)."""
     from gpuserve import grafana
-    from gpuserve.layers import service, watchdog
+    from gpuserve.layers import units, watchdog
 
     pkg = Path(config.__file__).resolve().parent
     dashboards = sorted(grafana.OUT_DIR.glob("*.json"))
     assert [p.stem for p in dashboards] == sorted(grafana.DASHBOARDS)
-    for f in (service.TEMPLATES / "gpuserve.service.j2", service.GATE_SRC, watchdog.PROGRAM_SRC, *dashboards):
+    for f in (units.TEMPLATES / "gpuserve.service.j2", units.GATE_SRC, watchdog.PROGRAM_SRC, *dashboards):
         assert f.is_file() and f.resolve().is_relative_to(pkg), f
 
 

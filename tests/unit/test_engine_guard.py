@@ -79,7 +79,7 @@ def test_the_guard_follows_the_host_plan():
 def test_engines_require_the_guard_unit():
     import jinja2
 
-    from gpuserve.layers.service import TEMPLATES
+    from gpuserve.layers.units import TEMPLATES
     unit = jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
         deployment="m", engine="vllm", deployment_dir="/d", current="/d/current", secrets_env="/d/s",
         user_name="gpuserve", group_name="gpuserve", home="/h", cache="/c", start_timeout_s=60,

@@ -147,7 +147,7 @@ def test_loopback_engine_needs_no_proxy():
 def _unit(devices, loopback_only=True) -> str:
     import jinja2
 
-    from gpuserve.layers.service import TEMPLATES
+    from gpuserve.layers.units import TEMPLATES
     return jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
         deployment="minimax", engine="vllm", deployment_dir="/etc/gpuserve/minimax",
         current="/etc/gpuserve/minimax/current", secrets_env="/etc/gpuserve/minimax/secrets.env",

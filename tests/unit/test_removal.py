@@ -136,7 +136,7 @@ def test_decommission_is_refused_naming_every_host_without_the_opt_in():
 
 
 def test_the_unit_marker_is_the_templates_first_line():
-    from gpuserve.layers.service import TEMPLATES
+    from gpuserve.layers.units import TEMPLATES
     first = (TEMPLATES / "gpuserve.service.j2").read_text().splitlines()[0]
     assert first == removal.UNIT_MARKER
 
@@ -188,7 +188,7 @@ def test_the_footprint_command_finds_only_gpuserves_deployments(tmp_path):
 
 
 def test_retention_after_a_rename_keeps_what_the_new_deployment_uses():
-    """The removed deployment's releases are collected beside the kept ones (layers/service.py):
+    """The removed deployment's releases are collected beside the kept ones (layers/units.py):
     a rename to the same engine and checkpoint removes neither."""
     def rel(dep, env, ckpt):
         return Release(dep, {"name": "vllm", "version": "1", "env": env}, {"sha": "0" * 40, "path": ckpt}, "x")

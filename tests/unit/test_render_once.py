@@ -9,7 +9,7 @@ from pathlib import Path
 from gpuserve import engine, plan, recipes
 from gpuserve.config import validate_inventory
 from gpuserve.layers import gate
-from gpuserve.service import desired_releases
+from gpuserve.release_files import desired_releases
 
 from .helpers import make_inventory
 

@@ -9,7 +9,7 @@ from pyinfra.api import Inventory
 
 from gpuserve import recipes
 from gpuserve.config import validate_inventory
-from gpuserve.layers.service import _after, _devices, _groups
+from gpuserve.layers.units import _after, _devices, _groups
 
 from .helpers import make_inventory, settings_of
 

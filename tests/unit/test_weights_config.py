@@ -55,7 +55,7 @@ def test_one_revision_path_from_group_data_to_the_host():
 
     from gpuserve import engine
     from gpuserve import weights as w
-    from gpuserve.service import desired_releases
+    from gpuserve.release_files import desired_releases
 
     sha = "fedcba9876543210fedcba9876543210fedcba98"
     s = settings_of(make_inventory(group="cpu", host_data={"nvme_path": "/srv/fast"},

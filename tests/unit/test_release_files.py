@@ -3,9 +3,9 @@
 import yaml
 
 from gpuserve import layout
-from gpuserve.facts.service import parse_deployment_state
+from gpuserve.facts.deployment import parse_deployment_state
 from gpuserve.releases import RELEASE_ID, Release
-from gpuserve.service import RELEASE_DIR, env_file, probe_url, render_release
+from gpuserve.release_files import RELEASE_DIR, env_file, probe_url, render_release
 
 SHA = "c" * 40
 
@@ -86,7 +86,7 @@ def test_deployment_state_parser():
 
 
 def test_release_records_parser_skips_what_it_cannot_trust():
-    from gpuserve.facts.service import parse_release_records
+    from gpuserve.facts.deployment import parse_release_records
 
     good = render()
     other = render(serve_port=8001)

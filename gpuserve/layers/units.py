@@ -23,11 +23,11 @@ from gpuserve import api_keys, engine_guard, layout, rollout
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
-from gpuserve.facts.service import Deployment, DeploymentState, ReleaseRecords
+from gpuserve.facts.deployment import Deployment, DeploymentState, ReleaseRecords
 from gpuserve.recipes import ServeConfig
 from gpuserve.releases import Ledger, Release, unreferenced
 from gpuserve.values import is_loopback
-from gpuserve.service import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
+from gpuserve.release_files import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
                               secrets_env_path, tools_enabled)
 
 GATE_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-gate"
