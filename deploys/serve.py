@@ -7,8 +7,9 @@ started and gated; a host that is serving keeps serving its release while the ne
 beside it (roll it out with deploys/upgrade.py). Likewise a host that is serving never gets a new
 GPU stack here and is never rebooted: its stack change waits for deploys/upgrade.py, which moves
 hosts max_unavailable at a time. A deployment the group data no longer names is drained, stopped
-and removed before the planned ones start (docs/removal.md). Idempotent: a second run reports no
-changes.
+and removed before the planned ones start (docs/removal.md). A host whose OS update move
+(deploys/patch.py) did not finish refuses the run: it would start that host's engines and put it
+back into rotation unchecked. Idempotent: a second run reports no changes.
 """
 
 from pyinfra import host, logger
@@ -19,6 +20,7 @@ from gpuserve.layers.engine import engine
 from gpuserve.layers.gateway import gateway
 from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
 from gpuserve.layers.monitoring import monitor, monitor_hosts, node_exporter
+from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.removal import removal
 from gpuserve.layers.units import service
@@ -29,6 +31,7 @@ from gpuserve.release_files import desired_releases
 settings = host_settings()
 
 if settings.serves:   # False on a host of role groups only (gateway, monitor): it serves no model
+    refuse_unfinished_patch("converge", settings)   # out mid-patch: deploys/patch.py finishes it
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
     pending = stack_move(settings) if serving(settings) else None
     if pending:

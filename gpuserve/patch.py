@@ -314,11 +314,17 @@ def batches(moves: Sequence, host_order: Sequence[str], max_unavailable: int) ->
     inventory order; then the monitor hosts, then the gateways, one host per batch. A gateway
     goes last and alone: a serving host's move takes it out of and back into every gateway (each
     must answer), and a gateway's update drops the requests in flight on it."""
-    role = {m.host: getattr(m, "role", None) for m in moves}
-    out = rollout.batches([m for m in moves if role[m.host] is None], host_order, max_unavailable)
+    role = {m.host: m.role for m in moves if isinstance(m, PatchMove)}
+    out = rollout.batches([m for m in moves if role.get(m.host) is None], host_order, max_unavailable)
     for r in (MONITOR, GATEWAY):
-        out += rollout.batches([m for m in moves if role[m.host] == r], host_order, 1)
+        out += rollout.batches([m for m in moves if role.get(m.host) == r], host_order, 1)
     return out
+
+
+def gateway_units_command() -> str:
+    """Exits 0 only when nginx (the clients' front) and smg are both active. One
+    ``systemctl is-active`` naming both exits 0 when either is (systemctl(1)): ask each."""
+    return f"systemctl is-active -q nginx.service && systemctl is-active -q {gateway.UNIT}"
 
 
 def gateway_problem(units_active: bool, workers_json: str | None, need_worker: bool = True) -> str | None:
@@ -363,6 +369,23 @@ def inactive(units: Sequence[str], is_active_output: str) -> list[str]:
     """The units `systemctl is-active <units>` does not report active (one state per line)."""
     states = is_active_output.split()
     return [u for i, u in enumerate(units) if i >= len(states) or states[i] != "active"]
+
+
+def stack_change_refusal(host: str, wanted: Mapping, record: Mapping | None) -> str | None:
+    """Why deploys/patch.py may not move ``host`` (None: it may): group data's GPU stack pins
+    (``wanted``: gpuserve.stack.pins) differ from the stack recorded on the host as current
+    (gpuserve.stack.STACK_RECORD). A patch move keeps the stack and verifies the driver against
+    group data's pins, so it would fail after the reboot and leave the host out: a stack change
+    is deploys/upgrade.py's move. Without a record there is nothing to compare (None)."""
+    current = (record or {}).get("current")
+    if not isinstance(current, Mapping):
+        return None
+    changed = [f"{k} {current[k]} -> {wanted[k]}" for k in wanted if k in current and current[k] != wanted[k]]
+    if not changed:
+        return None
+    return (f"patch refused: {host}: its GPU stack is not group data's yet ({', '.join(changed)}). "
+            "Roll the stack change out with deploys/upgrade.py first (or put the pins back), then "
+            "run deploys/patch.py again; nothing was touched")
 
 
 def unfinished_patch_refusal(kind: str, host: str, patch_unfinished: bool) -> str | None:

@@ -24,7 +24,7 @@ from gpuserve.config import HostSettings
 from gpuserve.facts.apt import AptHolds
 from gpuserve.facts.kernel import KernelState, PendingUpgrades
 from gpuserve.layers.context import all_settings
-from gpuserve.layers.gpu_stack import _state, host_os
+from gpuserve.layers.gpu_stack import _state, host_os, recorded_stack
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, shell
 from gpuserve.patch import PatchMove
 
@@ -46,6 +46,10 @@ def patch_move(settings: HostSettings) -> PatchMove | None:
         return None
     s = settings.stack
     os = host_os() if s.enabled and s.vendor else "debian12"   # unused by a patch move's steps
+    if s.enabled and s.vendor:   # the move verifies the driver against group data's pins
+        why = patch.stack_change_refusal(host.name, stack.pins(s), recorded_stack())
+        if why:
+            raise PyinfraError(why)
     kernels_new = patch.new_kernels(upgrades)
     serving = tuple(d.name for d in settings.deployments if _state(settings, d.name).current)
     is_gateway = settings.gateway is not None
@@ -78,7 +82,7 @@ def _gateway_state(gh, g, need_worker: bool = True) -> str | None:
     """Why gateway ``gh`` does not serve clients now (None: it does)."""
     try:
         connected(gh, "a gateway that must serve while another one is updated")
-        active = shell(gh, f"systemctl is-active -q nginx {gateway.UNIT}", COMMAND_TIMEOUT_S)[0]
+        active = shell(gh, patch.gateway_units_command(), COMMAND_TIMEOUT_S)[0]
         ok, out = shell(gh, f"curl -fsS --max-time 5 {gateway.admin_url(g, '/workers')}", COMMAND_TIMEOUT_S)
     except MoveFailed as exc:
         return str(exc)

@@ -64,7 +64,8 @@ def _roll(state, host, kind: str) -> bool:
     order = [h.name for h in _hosts_in_order(state)]
     moves = [m for name in order for m in state._gpuserve_moves.get(name, [])]
     # a percentage counts the hosts in this run (pyinfra's --limit narrows it); the strictest wins
-    # hosts of role groups (gateway, monitor) move nothing: they neither count nor set the size
+    # hosts of role groups (gateway, monitor) do not count towards max_unavailable nor set it (in a
+    # patch they move one at a time, after the serving hosts: gpuserve.patch.batches)
     serving = [n for n in order if settings[n].serves] or order
     max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(serving)) for n in serving),
                           default=1)

@@ -11,7 +11,7 @@ from gpuserve import patch
 DEPLOYS = Path(__file__).resolve().parents[2] / "deploys"
 
 
-@pytest.mark.parametrize("deploy", ["upgrade.py", "rollback.py", "gpu_stack.py"])
+@pytest.mark.parametrize("deploy", ["serve.py", "upgrade.py", "rollback.py", "gpu_stack.py"])
 def test_the_deploy_calls_the_refusal_before_anything_else_on_a_serving_host(deploy):
     tree = ast.parse((DEPLOYS / deploy).read_text())
     serving = [n for n in ast.walk(tree) if isinstance(n, ast.If)
@@ -22,7 +22,7 @@ def test_the_deploy_calls_the_refusal_before_anything_else_on_a_serving_host(dep
     assert ast.unparse(first.value.func) == "refuse_unfinished_patch", ast.unparse(first)
 
 
-@pytest.mark.parametrize("kind", ["upgrade", "rollback", "GPU stack converge"])
+@pytest.mark.parametrize("kind", ["converge", "upgrade", "rollback", "GPU stack converge"])
 def test_the_refusal_names_the_run_the_host_and_what_to_do(kind):
     assert patch.unfinished_patch_refusal(kind, "gpu-3", False) is None
     why = patch.unfinished_patch_refusal(kind, "gpu-3", True)

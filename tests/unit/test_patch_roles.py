@@ -195,3 +195,63 @@ def test_a_role_host_waits_only_for_the_services_it_runs(gw_settings, host_state
     layer.move_stack(h, _role_move(gw_settings, role=patch.MONITOR), gw_settings)
     assert _steps(h) == ["update", "reboot"] and not any(c.startswith("systemctl is-active") for c in h.ran)
     assert f"rm -f {patch.PATCH_MOVING}" in h.ran
+
+
+def _units_active(tmp_path, active: set[str]) -> int:
+    """gpuserve.patch.gateway_units_command with a stand-in systemctl that behaves as systemd's:
+    ``is-active`` naming several units exits 0 when any of them is active."""
+    import subprocess
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "systemctl"
+    fake.write_text("#!/bin/sh\nshift; [ \"$1\" = -q ] && shift\nfor u in \"$@\"; do case \" "
+                    + " ".join(sorted(active)) + " \" in *\" $u \"*) exit 0;; esac; done\nexit 3\n")
+    fake.chmod(0o755)
+    return subprocess.run(["sh", "-c", patch.gateway_units_command()],
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).returncode
+
+
+def test_a_gateway_counts_as_serving_only_with_nginx_and_smg_both_active(tmp_path):
+    both = {"nginx.service", gateway.UNIT}
+    assert _units_active(tmp_path, both) == 0
+    assert _units_active(tmp_path, {gateway.UNIT}) != 0     # its client front (nginx) is down
+    assert _units_active(tmp_path, {"nginx.service"}) != 0
+    assert _units_active(tmp_path, set()) != 0
+
+
+def test_a_patch_refuses_a_host_whose_gpu_stack_is_not_group_datas_yet():
+    """Group data's driver pin bumped, deploys/upgrade.py not run yet: the patch move would verify
+    the new pin after the reboot and leave the host out. It is refused before anything changes.
+    A module that is not loaded (a patch move that halted after its reboot) is not a pin change:
+    the rerun may finish that move."""
+    wanted = {"driver_version": "590.44.01", "flavour": "open", "dcgm": False}
+    same = {"current": {"driver_version": "590.44.01", "flavour": "open", "dcgm": False}}
+    assert patch.stack_change_refusal("gpu-1", wanted, same) is None
+    assert patch.stack_change_refusal("gpu-1", wanted, None) is None
+    assert patch.stack_change_refusal("gpu-1", wanted, {"current": "junk"}) is None
+    why = patch.stack_change_refusal("gpu-1", wanted, {"current": {**same["current"], "driver_version": "580.95.05"}})
+    assert why.startswith("patch refused: gpu-1: its GPU stack is not group data's yet "
+                          "(driver_version 580.95.05 -> 590.44.01)")
+    assert "deploys/upgrade.py first" in why and why.endswith("nothing was touched")
+
+
+def test_the_patch_layer_reads_the_hosts_record_and_refuses_a_pin_change(monkeypatch):
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.facts.files import File
+
+    from gpuserve.facts.apt import AptHolds
+    from gpuserve.facts.kernel import KernelState, PendingUpgrades
+
+    from .helpers import make_inventory, settings_of
+
+    s = settings_of(make_inventory())
+    facts = {PendingUpgrades: [patch.Upgrade("libssl3", "3.0.15-1", "3.0.17-1")],
+             KernelState: patch.KernelState(OLD_K, (OLD_K,), ()), AptHolds: {}, File: None}
+    fake = SimpleNamespace(name="gpu-1", get_fact=lambda fact, **kw: facts[fact])
+    monkeypatch.setattr(patch_layer, "host", fake)
+    monkeypatch.setattr(patch_layer, "host_os", lambda: "debian12")
+    older = {**stack.pins(s.stack), "driver_version": "570.1.1"}
+    monkeypatch.setattr(patch_layer, "recorded_stack", lambda: {"current": older})
+    with pytest.raises(PyinfraError, match="patch refused: gpu-1: its GPU stack is not group data's yet "
+                                           r"\(driver_version 570.1.1 -> "):
+        patch_layer.patch_move(s)
