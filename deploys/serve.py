@@ -14,7 +14,7 @@ changes.
 from pyinfra import host, logger
 
 from gpuserve.layers.base import base_layout, ordering_point
-from gpuserve.layers.context import all_settings, host_settings
+from gpuserve.layers.context import all_settings, host_plan
 from gpuserve.layers.engine import engine
 from gpuserve.layers.gateway import gateway
 from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
@@ -24,9 +24,9 @@ from gpuserve.layers.removal import removal
 from gpuserve.layers.units import service
 from gpuserve.layers.watchdog import watchdog
 from gpuserve.layers.weights import weights
-from gpuserve.release_files import desired_releases
 
-settings = host_settings()
+plan = host_plan()   # settings, engine spec and releases: made once for this host and run
+settings = plan.settings
 
 if settings.serves:   # False on a host of role groups only (gateway, monitor): it serves no model
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
@@ -35,10 +35,10 @@ if settings.serves:   # False on a host of role groups only (gateway, monitor): 
         logger.warning(f"    [{host.name}] serves now: its GPU stack change ({pending.reason}) waits for "
                        "deploys/upgrade.py, which moves it out of rotation first; nothing changes here")
     gpu_stack(disruptive=pending is None)
-    spec = engine(settings)
+    engine(plan)
     weights(settings)
     removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
-    service(settings, desired_releases(settings, spec), removed=removed.releases)
+    service(settings, plan.releases, removed=removed.releases)
     proxy(settings, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
 
 # --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy

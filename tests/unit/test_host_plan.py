@@ -1,15 +1,20 @@
-"""One plan per host (issue 11): validation's settings become one immutable HostPlan per host."""
+"""One plan per host (issue 11): validation's settings become one immutable HostPlan per host; a
+pyinfra run adds the engine spec and the releases once per host, and every deploy reads them."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from pyinfra.context import ctx_host, ctx_state
 
 from gpuserve import engine, layout, proxy_conf, release_files
 from gpuserve.config import validate_inventory
-from gpuserve.host_plan import plan_host, with_engine
+from gpuserve.host_plan import HostPlan, plan_host, with_engine
 
 from .helpers import SHA, key_file, make_inventory
 
@@ -89,3 +94,104 @@ def test_the_secrets_to_install_name_sources_and_destinations_never_contents(tmp
     assert [(x.kind, x.source, x.dest) for x in plan_host(direct).secrets] == [
         ("engine-key", "secrets/prod-api-keys", "/etc/gpuserve/minimax/secrets.env")]
     assert "k" * 32 not in repr(plan_host(behind))
+
+
+# --- a simulated serve deploy: the real deploys/*.py and layer context, the layers stubbed ------
+
+class _Calls:
+    def __init__(self, monkeypatch):
+        self.spec_for = 0
+        self.desired = 0
+        real_spec, real_desired = engine.spec_for, release_files.desired_releases
+
+        def spec_for(*a, **kw):
+            self.spec_for += 1
+            return real_spec(*a, **kw)
+
+        def desired(*a, **kw):
+            self.desired += 1
+            return real_desired(*a, **kw)
+
+        monkeypatch.setattr(engine, "spec_for", spec_for)
+        monkeypatch.setattr(release_files, "desired_releases", desired)
+
+
+def _stub_layers(monkeypatch, seen: dict):
+    from gpuserve import rollout
+    from gpuserve.layers import (base, engine as engine_layer, gateway, gpu_stack, monitoring, patch,
+                                 proxy, removal, rollout as rollout_layer, units, watchdog, weights)
+
+    none = lambda *a, **kw: None   # noqa: E731
+    for module, names in [(base, ["base_layout", "ordering_point"]), (gateway, ["gateway"]),
+                          (gpu_stack, ["gpu_stack", "stack_move", "stack_rollback_move"]),
+                          (monitoring, ["node_exporter", "monitor"]), (proxy, ["proxy"]),
+                          (watchdog, ["watchdog"]), (weights, ["weights"]),
+                          (patch, ["refuse_unfinished_patch"])]:
+        for name in names:
+            monkeypatch.setattr(module, name, none)
+    monkeypatch.setattr(gpu_stack, "serving", lambda s: False)
+    monkeypatch.setattr(monitoring, "monitor_hosts", lambda every: [])
+    monkeypatch.setattr(removal, "removal", lambda s: SimpleNamespace(releases=(), proxy_sites=False,
+                                                                       drain_flags=()))
+    monkeypatch.setattr(engine_layer, "engine",
+                        lambda plan: seen.setdefault("engine", []).append(plan.engine))
+    monkeypatch.setattr(units, "service",
+                        lambda s, releases, **kw: seen.setdefault("service", []).append(releases))
+    monkeypatch.setattr(rollout_layer, "deployment_state", lambda plan, name: SimpleNamespace(
+        current=None, previous=None, releases=(), interrupted=False,
+        url=seen.setdefault("health", []).append(plan.deployment(name).health_url)))
+    monkeypatch.setattr(rollout_layer, "add_rollout", none)
+    monkeypatch.setattr(rollout, "upgrade_move", none)
+    monkeypatch.setattr(rollout, "rollback_move", none)
+
+
+def _run(state, inventory, host_name: str, deploy: str) -> None:
+    with ctx_state.use(state), ctx_host.use(inventory.get_host(host_name)):
+        runpy.run_path(str(ROOT / "deploys" / deploy), run_name="__gpuserve_test__")
+
+
+def test_a_serve_and_upgrade_run_resolve_the_engine_and_the_releases_once_per_host(monkeypatch):
+    calls, seen = _Calls(monkeypatch), {}
+    _stub_layers(monkeypatch, seen)
+    inventory = make_inventory(group_data=TWO, hosts=("h1", "h2"))
+    state = SimpleNamespace(inventory=inventory)   # what the layer context reads of pyinfra's state
+    for name in ("h1", "h2"):
+        _run(state, inventory, name, "serve.py")
+    assert (calls.spec_for, calls.desired) == (2, 2)   # once per host
+    for name in ("h1", "h2"):
+        _run(state, inventory, name, "upgrade.py")
+        _run(state, inventory, name, "rollback.py")
+    assert (calls.spec_for, calls.desired) == (2, 2)   # the same plans, read again
+    plans = state._gpuserve_plans
+    h1 = plans[("h1", True)]
+    assert isinstance(h1, HostPlan) and plans[("h1", False)].engine is None
+    # each deploy got the plan's own engine spec and releases, not copies made again
+    assert seen["engine"] == [h1.engine, plans[("h2", True)].engine] * 2
+    assert seen["service"][0] is h1.releases and seen["service"][2] is h1.releases
+    assert seen["health"][:2] == [h1.deployment("a").health_url, h1.deployment("b").health_url]
+
+
+def test_a_rollback_run_reads_no_engine_spec(monkeypatch):
+    calls, seen = _Calls(monkeypatch), {}
+    _stub_layers(monkeypatch, seen)
+    inventory = make_inventory(group_data=TWO)
+    state = SimpleNamespace(inventory=inventory)
+    _run(state, inventory, "h1", "rollback.py")
+    assert (calls.spec_for, calls.desired) == (0, 0)
+    assert len(seen["health"]) == 2
+
+
+def test_only_the_plan_resolves_the_engine_spec_and_the_releases():
+    """desired_releases is called by gpuserve/host_plan.py alone, spec_for (outside gpuserve/engine.py)
+    by the engine layer's resolver alone, which only the layer context calls."""
+    callers: dict[str, set[str]] = {"desired_releases": set(), "spec_for": set(), "resolve_engine": set()}
+    for path in [*(ROOT / "gpuserve").rglob("*.py"), *(ROOT / "deploys").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if name in callers:
+                    callers[name].add(str(path.relative_to(ROOT)))
+    assert callers == {"desired_releases": {"gpuserve/host_plan.py"},
+                       "spec_for": {"gpuserve/layers/engine.py"},
+                       "resolve_engine": {"gpuserve/layers/context.py"}}
