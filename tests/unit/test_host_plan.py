@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import runpy
 from pathlib import Path
 from types import SimpleNamespace
@@ -195,3 +196,39 @@ def test_only_the_plan_resolves_the_engine_spec_and_the_releases():
     assert callers == {"desired_releases": {"gpuserve/host_plan.py"},
                        "spec_for": {"gpuserve/layers/engine.py"},
                        "resolve_engine": {"gpuserve/layers/context.py"}}
+
+
+# --- gpuserve plan and gpuserve status read the same plan, without the engine ----------------
+
+def test_gpuserve_plan_prints_the_plans_ports_paths_and_secrets(monkeypatch, tmp_path):
+    from gpuserve import plan as plan_cmd
+
+    calls = _Calls(monkeypatch)
+    settings = _settings(group_data=TWO, host_data={"api_keys_file": "secrets/prod-api-keys"})
+    [host] = json.loads(plan_cmd.render_plan(settings, "json"))
+    want = plan_host(settings["h1"])
+    for name, d in want.deployments.items():
+        got = host["deployments"][name]
+        assert got["ports"] == {"serve": f"{d.serve_host}:{d.serve_port}", "proxy": None}
+        assert got["paths"] == {"deployment": d.deployment_dir, "releases": d.releases_dir,
+                                "current": d.current_link, "previous": d.previous_link,
+                                "secrets_env": d.secrets_env, "cache": d.cache_dir,
+                                "checkpoint": d.checkpoint_dir}
+    assert host["secrets"] == [{"deployment": x.deployment, "kind": x.kind, "source": x.source,
+                                "dest": x.dest} for x in want.secrets] and host["secrets"]
+    assert (calls.spec_for, calls.desired) == (0, 0)   # no engine spec: no wheelhouse read
+
+
+def test_gpuserve_status_asks_each_host_from_its_plan(monkeypatch):
+    from gpuserve import status
+
+    calls = _Calls(monkeypatch)
+    inv = make_inventory(group_data=TWO)
+    monkeypatch.setattr(status, "connect_all", lambda state: [state.activate_host(h) for h in state.inventory])
+    monkeypatch.setattr(status, "disconnect_all", lambda state: None)
+    got = []
+    monkeypatch.setattr(status, "_host_rows", lambda host, plan: got.append(plan) or [])
+    status.collect(inv)
+    [plan] = got
+    assert isinstance(plan, HostPlan) and plan.engine is None and list(plan.deployments) == ["a", "b"]
+    assert (calls.spec_for, calls.desired) == (0, 0)
