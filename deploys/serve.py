@@ -38,8 +38,8 @@ if settings.serves:   # False on a host of role groups only (gateway, monitor): 
     engine(plan)
     weights(settings)
     removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
-    service(settings, plan.releases, removed=removed.releases)
-    proxy(settings, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
+    service(plan, removed=removed.releases)
+    proxy(plan, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
 
 # --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy
 if settings.serves or settings.gateway:

@@ -35,14 +35,13 @@ if settings.serves:   # a host of role groups only (gateway, monitor) serves no 
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
     engine(plan)
     weights(settings)
-    releases = plan.releases
-    service(settings, releases, start=False)
-    proxy(settings)
+    service(plan, start=False)
+    proxy(plan)
     gpu_stack(disruptive=False)
     moves = [m for m in [stack_move(settings)] if m]
     for dep in settings.deployments:
         st = deployment_state(plan, dep.name)
-        if move := upgrade_move(settings.host, dep.name, st.current, releases[dep.name].id,
+        if move := upgrade_move(settings.host, dep.name, st.current, plan.release(dep.name).id,
                                 st.previous, st.interrupted):
             moves.append(move)
 add_rollout("upgrade", moves)

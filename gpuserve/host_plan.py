@@ -28,13 +28,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SecretInstall:
-    """One secret file a host gets: ``source`` on the control node (None: made on the host,
-    never sent), ``dest`` on the host (root 0600)."""
+    """One secret file a host gets: ``source`` on the control node, ``dest`` on the host (root
+    0600). No ``source``: an engine-key is made on the host and never sent; operator-keys are
+    an empty list (no operator key)."""
 
     deployment: str | None  # None: the host's own (the proxy's TLS key)
     kind: str               # engine-key | client-keys | operator-keys | tls-key
     source: str | None
     dest: str
+    setting: str | None = None   # the settings key that names ``source`` (for messages)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class HostPlan:
     def deployment(self, name: str) -> DeploymentPlan:
         return self.deployments[name]
 
+    def secret(self, deployment: str | None, kind: str) -> SecretInstall | None:
+        """The secret of ``kind`` this host installs for ``deployment``, or None."""
+        return next((x for x in self.secrets if (x.deployment, x.kind) == (deployment, kind)), None)
+
     def release(self, name: str) -> release_files.RenderedRelease:
         if self.engine is None:
             raise LookupError(f"{self.host}: this plan has no engine spec, so no releases "
@@ -102,14 +108,16 @@ def _secrets(settings: HostSettings) -> tuple[SecretInstall, ...]:
             if serve is not None and serve.secret_env_keys:
                 out.append(SecretInstall(dep.name, "engine-key", None, engine_key))
             out.append(SecretInstall(dep.name, "client-keys", dep.api_keys_file,
-                                     f"{proxy_conf.NGINX_DIR}/{dep.name}.keys"))
+                                     f"{proxy_conf.NGINX_DIR}/{dep.name}.keys", "api_keys_file"))
             out.append(SecretInstall(dep.name, "operator-keys", dep.operator_keys_file,
-                                     f"{proxy_conf.NGINX_DIR}/{dep.name}.operator-keys"))
+                                     f"{proxy_conf.NGINX_DIR}/{dep.name}.operator-keys",
+                                     "operator_keys_file"))
         elif serve is not None and serve.secret_env_keys and dep.api_keys_file is not None:
-            out.append(SecretInstall(dep.name, "engine-key", dep.api_keys_file, engine_key))
-    if settings.proxy and settings.proxy_tls_key_file:
+            out.append(SecretInstall(dep.name, "engine-key", dep.api_keys_file, engine_key,
+                                     "api_keys_file"))
+    if (settings.proxy or settings.gateway) and settings.proxy_tls_key_file:   # a TLS front
         out.append(SecretInstall(None, "tls-key", settings.proxy_tls_key_file,
-                                 f"{proxy_conf.NGINX_DIR}/tls.key"))
+                                 f"{proxy_conf.NGINX_DIR}/tls.key", "proxy_tls_key_file"))
     return tuple(out)
 
 

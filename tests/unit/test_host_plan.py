@@ -15,7 +15,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from gpuserve import engine, layout, proxy_conf, release_files
 from gpuserve.config import validate_inventory
-from gpuserve.host_plan import HostPlan, plan_host, with_engine
+from gpuserve.host_plan import HostPlan, SecretInstall, plan_host, with_engine
 
 from .helpers import SHA, key_file, make_inventory
 
@@ -137,7 +137,7 @@ def _stub_layers(monkeypatch, seen: dict):
     monkeypatch.setattr(engine_layer, "engine",
                         lambda plan: seen.setdefault("engine", []).append(plan.engine))
     monkeypatch.setattr(units, "service",
-                        lambda s, releases, **kw: seen.setdefault("service", []).append(releases))
+                        lambda plan, **kw: seen.setdefault("service", []).append(plan.releases))
     monkeypatch.setattr(rollout_layer, "deployment_state", lambda plan, name: SimpleNamespace(
         current=None, previous=None, releases=(), interrupted=False,
         url=seen.setdefault("health", []).append(plan.deployment(name).health_url)))
@@ -232,3 +232,47 @@ def test_gpuserve_status_asks_each_host_from_its_plan(monkeypatch):
     [plan] = got
     assert isinstance(plan, HostPlan) and plan.engine is None and list(plan.deployments) == ["a", "b"]
     assert (calls.spec_for, calls.desired) == (0, 0)
+
+
+# --- the layers install the plan's secrets ---------------------------------------------------
+
+def test_the_service_layer_installs_the_plans_engine_key(tmp_path, monkeypatch):
+    from gpuserve.layers.units import _secrets_content
+
+    keys = key_file(tmp_path)
+    behind = _settings(fleet={"model_revision": SHA, "proxy": True, "api_keys_file": str(keys)})["h1"]
+    assert _secrets_content(plan_host(behind), "minimax") is None   # made on the host
+    assert _secrets_content(plan_host(_settings()["h1"]), "minimax") == ""   # no key configured
+    direct = _settings(host_data={"api_keys_file": str(keys)})["h1"]
+    assert _secrets_content(plan_host(direct), "minimax") == f"VLLM_API_KEY={'k' * 32}\n"
+
+
+def test_the_proxy_layer_reads_the_plans_key_files_and_names_the_setting(tmp_path):
+    from pyinfra.api.exceptions import OperationError
+
+    from gpuserve.layers.proxy import _read_keys
+
+    keys = key_file(tmp_path)
+    plan = plan_host(_settings(fleet={"model_revision": SHA, "proxy": True,
+                                      "api_keys_file": str(keys)})["h1"])
+    assert _read_keys(plan.secret("minimax", "client-keys"), required=True) == ["k" * 32]
+    assert _read_keys(plan.secret("minimax", "operator-keys"), required=False) == []
+    keys.unlink()
+    inventory = make_inventory()
+    with ctx_host.use(inventory.get_host("h1")), \
+            pytest.raises(OperationError, match=r"h1: deployments.minimax.api_keys_file .* is missing"):
+        _read_keys(plan.secret("minimax", "client-keys"), required=True)
+
+
+def test_a_tls_front_gets_the_tls_key_of_its_plan(tmp_path):
+    from tests.unit.test_patch_roles import _fleet
+
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    for f in (crt, key):
+        f.write_text("x\n")
+        f.chmod(0o600)
+    tls = {"proxy_tls_cert_file": str(crt), "proxy_tls_key_file": str(key)}
+    every = validate_inventory(_fleet(tmp_path, gw=tls))
+    assert plan_host(every["gw1"]).secret(None, "tls-key") == SecretInstall(
+        None, "tls-key", str(key), f"{proxy_conf.NGINX_DIR}/tls.key", "proxy_tls_key_file")
+    assert plan_host(every["h1"]).secret(None, "tls-key") is None   # its own self-signed one
