@@ -27,8 +27,7 @@ from gpuserve.facts.deployment import Deployment, DeploymentState, ReleaseRecord
 from gpuserve.host_plan import HostPlan
 from gpuserve.releases import Ledger, Release, unreferenced
 from gpuserve.values import is_loopback
-from gpuserve.release_files import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
-                                    tools_enabled)
+from gpuserve.release_files import GATE, STOP_MARGIN_S, gate_command, tools_enabled
 
 GATE_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-gate"
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"   # inside the package: a wheel ships it
@@ -71,10 +70,10 @@ def service(plan: HostPlan, *, start: bool = True, removed: Sequence[Release] = 
                     mode="755")
     files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
     # before any engine starts: only the proxy and gpuserve open the engine ports (issue 12, 6)
-    settings, releases = plan.settings, plan.releases
+    settings = plan.settings
     engine_guard_layer(settings)
     pointers = {dep.name: _deployment(plan, dep, start) for dep in settings.deployments}
-    _retention(settings, releases, pointers, removed)
+    _retention(plan, pointers, removed)
 
 
 def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> None:
@@ -152,35 +151,35 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> None:
 
 
 @deploy("Readiness after a reboot")
-def gate_after_reboot(settings: HostSettings, rebooted) -> None:
+def gate_after_reboot(plan: HostPlan, rebooted) -> None:
     """After an operation that may reboot the host (``rebooted``, e.g. the GPU stack's): every
     deployment with a release started and gated, so the run ends only once the host serves again
     or fails naming it. Nothing runs when the host did not reboot."""
     if rebooted is None:
         return
-    for dep in settings.deployments:
+    for dep in plan.settings.deployments:
         state = host.get_fact(Deployment, deployment=dep.name,
-                              health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+                              health_url=plan.deployment(dep.name).health_url)
         if state.current is None:
             continue
-        serve = settings.serve_configs[dep.name]
+        serve = plan.serve_configs[dep.name]
         server.shell(name=f"{dep.name}: started and gated after the reboot",
                      commands=[rollout.start(dep.name),
                                gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)],
                      _if=rebooted.did_change)
 
 
-def _retention(settings: HostSettings, releases: dict[str, RenderedRelease],
-               pointers: dict[str, tuple[str | None, str | None]],
+def _retention(plan: HostPlan, pointers: dict[str, tuple[str | None, str | None]],
                removed: Sequence[Release] = ()) -> None:
     """Keep current, previous and keep_releases - 1 more per deployment (and the release this run
     wants); remove the rest, and the releases of removed deployments, with the engine envs and
     checkpoints no kept release uses."""
+    settings, releases = plan.settings, plan.releases
     collected, kept = list(removed), [r.release for r in releases.values()]
     for dep in settings.deployments:
         records = host.get_fact(ReleaseRecords, deployment=dep.name)
         state = host.get_fact(Deployment, deployment=dep.name,
-                              health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+                              health_url=plan.deployment(dep.name).health_url)
         current, previous = pointers[dep.name]
         desired = releases[dep.name].id
         ledger = Ledger(tuple(records), current, previous)

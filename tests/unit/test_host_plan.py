@@ -141,6 +141,8 @@ def _stub_layers(monkeypatch, seen: dict):
     monkeypatch.setattr(rollout_layer, "deployment_state", lambda plan, name: SimpleNamespace(
         current=None, previous=None, releases=(), interrupted=False,
         url=seen.setdefault("health", []).append(plan.deployment(name).health_url)))
+    monkeypatch.setattr(units, "gate_after_reboot",
+                        lambda plan, rebooted: seen.setdefault("gate_after_reboot", []).append(plan))
     monkeypatch.setattr(rollout_layer, "add_rollout", none)
     monkeypatch.setattr(rollout, "upgrade_move", none)
     monkeypatch.setattr(rollout, "rollback_move", none)
@@ -172,14 +174,17 @@ def test_a_serve_and_upgrade_run_resolve_the_engine_and_the_releases_once_per_ho
     assert seen["health"][:2] == [h1.deployment("a").health_url, h1.deployment("b").health_url]
 
 
-def test_a_rollback_run_reads_no_engine_spec(monkeypatch):
+def test_a_rollback_or_gpu_stack_run_reads_no_engine_spec(monkeypatch):
     calls, seen = _Calls(monkeypatch), {}
     _stub_layers(monkeypatch, seen)
     inventory = make_inventory(group_data=TWO)
     state = SimpleNamespace(inventory=inventory)
     _run(state, inventory, "h1", "rollback.py")
+    _run(state, inventory, "h1", "gpu_stack.py")
     assert (calls.spec_for, calls.desired) == (0, 0)
     assert len(seen["health"]) == 2
+    [plan] = seen["gate_after_reboot"]
+    assert plan is state._gpuserve_plans[("h1", False)] and plan.engine is None
 
 
 def test_only_the_plan_resolves_the_engine_spec_and_the_releases():
