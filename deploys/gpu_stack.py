@@ -12,7 +12,7 @@ Idempotent: a second run changes nothing. docs/gpu-stack.md. A host whose OS upd
 """
 
 from gpuserve.layers.base import base_layout
-from gpuserve.layers.context import host_settings
+from gpuserve.layers.context import host_plan, host_settings
 from gpuserve.layers.gpu_stack import gpu_stack
 from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.units import gate_after_reboot
@@ -22,4 +22,4 @@ settings = host_settings()
 if settings.serves:   # a host of role groups only (gateway, monitor) has no GPU stack
     refuse_unfinished_patch("GPU stack converge", settings)   # deploys/patch.py finishes it
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-    gate_after_reboot(settings, gpu_stack())
+    gate_after_reboot(host_plan(engine=False), gpu_stack())   # starts what is there: no engine spec

@@ -20,13 +20,14 @@ anything changes, as in an upgrade: deploys/patch.py finishes it first.
 
 from pyinfra.api.exceptions import PyinfraError
 
-from gpuserve.layers.context import host_settings
+from gpuserve.layers.context import host_plan
 from gpuserve.layers.gpu_stack import stack_rollback_move
 from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.rollout import add_rollout, deployment_state
 from gpuserve.rollout import rollback_move
 
-settings = host_settings()
+plan = host_plan(engine=False)   # installs no release: no engine spec, no wheelhouse read
+settings = plan.settings
 if settings.serves:
     refuse_unfinished_patch("rollback", settings)   # out mid-patch: deploys/patch.py finishes it
 
@@ -37,7 +38,7 @@ if settings.rollback_stack:
     except ValueError as exc:  # no earlier stack recorded: refuse before any host is touched
         raise PyinfraError(f"rollback refused: {exc}") from None
 for dep in ([] if settings.rollback_stack else settings.deployments):
-    st = deployment_state(settings, dep.name)
+    st = deployment_state(plan, dep.name)
     try:
         move = rollback_move(settings.host, dep.name, st.current, st.previous, st.releases,
                              settings.rollback_to, st.interrupted)

@@ -15,7 +15,7 @@ back into rotation unchecked. Idempotent: a second run reports no changes.
 from pyinfra import host, logger
 
 from gpuserve.layers.base import base_layout, ordering_point
-from gpuserve.layers.context import all_settings, host_settings
+from gpuserve.layers.context import all_settings, host_plan
 from gpuserve.layers.engine import engine
 from gpuserve.layers.gateway import gateway
 from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
@@ -26,9 +26,9 @@ from gpuserve.layers.removal import removal
 from gpuserve.layers.units import service
 from gpuserve.layers.watchdog import watchdog
 from gpuserve.layers.weights import weights
-from gpuserve.release_files import desired_releases
 
-settings = host_settings()
+plan = host_plan()   # settings, engine spec and releases: made once for this host and run
+settings = plan.settings
 
 if settings.serves:   # False on a host of role groups only (gateway, monitor): it serves no model
     refuse_unfinished_patch("converge", settings)   # out mid-patch: deploys/patch.py finishes it
@@ -38,11 +38,11 @@ if settings.serves:   # False on a host of role groups only (gateway, monitor): 
         logger.warning(f"    [{host.name}] serves now: its GPU stack change ({pending.reason}) waits for "
                        "deploys/upgrade.py, which moves it out of rotation first; nothing changes here")
     gpu_stack(disruptive=pending is None)
-    spec = engine(settings)
+    engine(plan)
     weights(settings)
     removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
-    service(settings, desired_releases(settings, spec), removed=removed.releases)
-    proxy(settings, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
+    service(plan, removed=removed.releases)
+    proxy(plan, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
 
 # --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy
 if settings.serves or settings.gateway:

@@ -16,7 +16,7 @@ did not finish refuses the whole run before anything changes: deploys/patch.py f
 """
 
 from gpuserve.layers.base import base_layout
-from gpuserve.layers.context import host_settings
+from gpuserve.layers.context import host_plan, host_settings
 from gpuserve.layers.engine import engine
 from gpuserve.layers.gpu_stack import gpu_stack, stack_move
 from gpuserve.layers.patch import refuse_unfinished_patch
@@ -25,24 +25,23 @@ from gpuserve.layers.rollout import add_rollout, deployment_state
 from gpuserve.layers.units import service
 from gpuserve.layers.weights import weights
 from gpuserve.rollout import upgrade_move
-from gpuserve.release_files import desired_releases
 
 settings = host_settings()
 
 moves = []
 if settings.serves:   # a host of role groups only (gateway, monitor) serves no model: nothing to move
     refuse_unfinished_patch("upgrade", settings)   # out mid-patch: deploys/patch.py finishes it
+    plan = host_plan()   # engine spec and releases: made once for this host and run
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
-    spec = engine(settings)
+    engine(plan)
     weights(settings)
-    releases = desired_releases(settings, spec)
-    service(settings, releases, start=False)
-    proxy(settings)
+    service(plan, start=False)
+    proxy(plan)
     gpu_stack(disruptive=False)
     moves = [m for m in [stack_move(settings)] if m]
     for dep in settings.deployments:
-        st = deployment_state(settings, dep.name)
-        if move := upgrade_move(settings.host, dep.name, st.current, releases[dep.name].id,
+        st = deployment_state(plan, dep.name)
+        if move := upgrade_move(settings.host, dep.name, st.current, plan.release(dep.name).id,
                                 st.previous, st.interrupted):
             moves.append(move)
 add_rollout("upgrade", moves)

@@ -1,7 +1,9 @@
 """``gpuserve plan``: what each host would serve, validated, without touching any host.
 
 The inventory is loaded with pyinfra's own loader, so group data resolves exactly as in a
-deploy; no SSH connection is made.
+deploy; no SSH connection is made. What it prints is each host's plan (gpuserve.host_plan), the
+one a deploy reads, without the engine spec and releases: those need the control node's
+wheelhouse, which a plan does not read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
 from gpuserve import hardware, recipes
+from gpuserve.host_plan import HostPlan, plan_host
 from gpuserve.config import ConfigError, HostSettings, validate_inventory
 from gpuserve.config_repo import no_group_data_hint
 from gpuserve.recipes import ServeConfig
@@ -95,7 +98,8 @@ def _text(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) ->
     return "\n".join(lines)
 
 
-def _json(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) -> dict[str, Any]:
+def _json(p: HostPlan, profile: bool) -> dict[str, Any]:
+    s, configs = p.settings, p.serve_configs
     return {
         "host": s.host,
         "groups": list(s.groups),
@@ -119,11 +123,25 @@ def _json(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) ->
                 "config": json.loads(json.dumps(dict(sc.config))),
                 "env": dict(sc.env),
                 "secret_env": {k: "***" for k in sc.secret_env},
+                **_where(p, name, profile),
             }
             for name, sc in configs.items()
         },
+        # which control-node file goes where on the host (null: made on the host), never contents
+        "secrets": [{"deployment": x.deployment, "kind": x.kind, "source": x.source, "dest": x.dest}
+                    for x in p.secrets],
         "warnings": list(s.warnings),
     }
+
+
+def _where(p: HostPlan, name: str, profile: bool) -> dict[str, Any]:
+    """A deployment's ports and paths on its host, as the plan holds them."""
+    d = p.deployment(name)
+    paths = {"deployment": d.deployment_dir, "releases": d.releases_dir, "current": d.current_link,
+             "previous": d.previous_link, "secrets_env": d.secrets_env, "cache": d.cache_dir,
+             "checkpoint": None if profile else d.checkpoint_dir}
+    return {"ports": {"serve": f"{d.serve_host}:{d.serve_port}", "proxy": d.proxy_port},
+            "paths": paths}
 
 
 def limit_hosts(inventory: Inventory, patterns: tuple[str, ...]) -> list[str] | None:
@@ -163,9 +181,10 @@ def _role_text(s: HostSettings) -> str:
 def render_plan(settings: dict[str, HostSettings], fmt: str, profile: bool = False) -> str:
     # hosts of role groups only (gateway, monitor) serve no model (docs/gateway.md, docs/monitoring.md)
     roles = {n: s for n, s in settings.items() if not s.serves}
-    rendered = {name: s.serve_configs for name, s in settings.items() if s.serves}  # validation's
+    plans = {name: plan_host(s) for name, s in settings.items() if s.serves}
+    rendered = {name: p.serve_configs for name, p in plans.items()}  # validation's, rendered once
     if fmt == "json":
-        return json.dumps([_json(settings[n], c, profile) for n, c in rendered.items()]
+        return json.dumps([_json(plans[n], profile) for n in rendered]
                           + [{"host": n, "serves": False, "groups": list(s.groups),
                               "gateway": s.gateway.__dict__ if s.gateway else None}
                              for n, s in roles.items()], indent=2)

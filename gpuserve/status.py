@@ -2,7 +2,9 @@
 
 Reads only (pyinfra facts over SSH, the same connection settings as a deploy); changes nothing.
 Hosts are asked in parallel (``PARALLEL`` at a time), each bounded by ``HOST_TIMEOUT_S``: a host
-that does not answer in time is reported as such and does not hold up the others.
+that does not answer in time is reported as such and does not hold up the others. Each host's
+deployments, units and health URLs come from its plan (gpuserve.host_plan), the one a deploy
+reads, made without the engine spec (no wheelhouse read).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pyinfra.api.connect import connect_all, disconnect_all
 from gpuserve.config import ConfigError, validate_inventory
 from gpuserve.facts.gpus import Gpus
 from gpuserve.facts.deployment import Deployment
+from gpuserve.host_plan import HostPlan, plan_host
 from gpuserve.plan import _override_data, limit_hosts, load_inventory
 from gpuserve.release_files import GATE, probe_url, secrets_env_path
 
@@ -101,14 +104,14 @@ PARALLEL = 32          # hosts asked at once
 HOST_TIMEOUT_S = 60    # one host's questions, all together
 
 
-def _host_rows(host, settings) -> list[Row]:
+def _host_rows(host, plan: HostPlan) -> list[Row]:
     gpus = _gpus(host.get_fact(Gpus))
     proxy = (proxy_state(*host.get_fact(UnitResult, unit="nginx.service"))
-             if settings.proxy else "-")
+             if plan.settings.proxy else "-")
     rows = []
-    for dep in settings.deployments:
+    for dep in plan.deployments.values():
         url = probe_url(dep.serve_host, dep.serve_port, "")
-        st = host.get_fact(Deployment, deployment=dep.name, health_url=f"{url}/health")
+        st = host.get_fact(Deployment, deployment=dep.name, health_url=dep.health_url)
         engine = host.get_fact(EngineStatus, deployment=dep.name, url=url)
         _, result = host.get_fact(UnitResult, unit=dep.unit)
         health = engine_health(st.active_state, result, st.health, st.drained)
@@ -117,10 +120,10 @@ def _host_rows(host, settings) -> list[Row]:
     return rows
 
 
-def _bounded_rows(host, settings, timeout: float) -> list[Row]:
+def _bounded_rows(host, plan: HostPlan, timeout: float) -> list[Row]:
     try:
         with gevent.Timeout(timeout):
-            return _host_rows(host, settings)
+            return _host_rows(host, plan)
     except gevent.Timeout:
         return [Row(host.name, "-", "-", "-", f"no answer in {timeout:g} s", "-", "-")]
     except Exception as exc:  # noqa: BLE001 - one host's failure is its row, not the command's
@@ -134,7 +137,7 @@ def collect(inventory, limit: list[str] | None = None, timeout: float = HOST_TIM
     state = State(inventory, Config(CONNECT_TIMEOUT=10, PARALLEL=PARALLEL), initial_limit=hosts)
     try:
         connect_all(state)
-        jobs = {h.name: state.pool.spawn(_bounded_rows, h, settings[h.name], timeout)
+        jobs = {h.name: state.pool.spawn(_bounded_rows, h, plan_host(settings[h.name]), timeout)
                 for h in hosts if h in state.active_hosts}
         gevent.joinall(list(jobs.values()))
         rows: list[Row] = []

@@ -1,8 +1,12 @@
-"""The validated settings of the host a deploy is running for.
+"""The validated settings, and the plan, of the host a deploy is running for.
 
 The whole inventory is validated once per pyinfra run, when the first host asks, before any
 operation is added: one bad value anywhere fails the run with every problem listed (host,
 source, key), and no host is touched.
+
+Each host's plan (gpuserve.host_plan) is made once per run, when a deploy first asks for it:
+the settings' plan plus the engine spec (which reads the control node's wheelhouse manifest)
+and the releases it decides. Every layer and deploy of the run reads that one plan.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.context import ctx_state
 
+from gpuserve import host_plan as plans
 from gpuserve.config import HostSettings, validate_inventory
+from gpuserve.layers import engine as engine_layer
 
 
 def all_settings() -> dict[str, HostSettings]:
@@ -29,3 +35,22 @@ def all_settings() -> dict[str, HostSettings]:
 
 def host_settings() -> HostSettings:
     return all_settings()[host.name]
+
+
+def host_plan(engine: bool = True) -> plans.HostPlan:
+    """This host's plan, made once per run: on a serving host with its engine spec (resolved
+    once, reading the wheelhouse manifest) and its releases (rendered once). ``engine=False``:
+    the plan without them, for a deploy that installs no release (rollback): no wheelhouse read."""
+    state = ctx_state.get()
+    made = getattr(state, "_gpuserve_plans", None)
+    if made is None:
+        made = state._gpuserve_plans = {}
+    key = (host.name, engine)
+    if key not in made:
+        plan = made.get((host.name, False)) or plans.plan_host(host_settings())
+        made[(host.name, False)] = plan
+        if engine and plan.settings.serves:   # a role-only host (gateway, monitor) runs no engine
+            spec, wset = engine_layer.resolve_engine(plan.settings)
+            plan = plans.with_engine(plan, spec, wset)
+        made[key] = plan
+    return made[key]

@@ -23,9 +23,13 @@ from pyinfra.operations import apt, files
 from gpuserve import engine as eng
 from gpuserve import layout, wheelhouse
 from gpuserve.config import HostSettings
+from gpuserve.host_plan import HostPlan
 
 
-def _resolve(settings: HostSettings) -> tuple[eng.EngineSpec, wheelhouse.WheelSet | None]:
+def resolve_engine(settings: HostSettings) -> tuple[eng.EngineSpec, wheelhouse.WheelSet | None]:
+    """The host's engine spec and the wheel set it installs from (None: the index). Reads the
+    control node's wheelhouse manifest: the layer context calls it once per host per run and
+    keeps the result in the host's plan (gpuserve.layers.context.host_plan)."""
     if settings.wheelhouse is None:
         return eng.spec_for(settings), None
     wset = wheelhouse.load_set(settings.wheelhouse, settings.engine_package, settings.engine_version,
@@ -68,10 +72,14 @@ def venv(spec: eng.EngineSpec, uv: str, remote_set: str | None):
 
 
 @deploy("Engine")
-def engine(settings: HostSettings) -> eng.EngineSpec:
+def engine(plan: HostPlan) -> eng.EngineSpec:
     """uv (pinned, from a wheel pushed by the control node), then the engine venv for this
-    host's pin, built atomically. Returns the spec (its ``env_dir``, ``id``)."""
-    spec, wset = _resolve(settings)
+    host's pin, built atomically. Returns the spec (its ``env_dir``, ``id``): the plan's, which
+    the layer context resolved once (gpuserve.layers.context.host_plan)."""
+    settings, spec, wset = plan.settings, plan.engine, plan.wheelset
+    if spec is None:
+        raise ValueError(f"{settings.host}: the engine layer needs a plan with its engine spec "
+                         "(gpuserve.layers.context.host_plan)")
     files.directory(name="Engine tools", path=eng.BIN_DIR, user="root", group="root", mode="755")
     files.directory(name="Engine caches (uv)", path=f"{layout.OPT_DIR}/cache",
                     user="root", group="root", mode="700")

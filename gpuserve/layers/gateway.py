@@ -35,7 +35,7 @@ from gpuserve import engine as eng
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
-from gpuserve.layers.context import all_settings
+from gpuserve.layers.context import all_settings, host_plan
 from gpuserve.layers.engine import uv_binary
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
 
@@ -245,7 +245,7 @@ def _front(settings: HostSettings) -> None:
                        mode="644")
     old_common = files.file(name="No shared settings in their old place", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
-    tls = proxy_layer.tls_files(settings)
+    tls = proxy_layer.tls_files(host_plan(engine=False))
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
                          src=StringIO(proxy_conf.tls_conf(f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key")),
                          dest=f"{NGINX_DIR}/tls.conf", user="root", group="root", mode="644")

@@ -22,10 +22,10 @@ from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from gpuserve import api_keys, certs, gateway, proxy_conf, rollout
-from gpuserve.config import DeploymentSettings, HostSettings
+from gpuserve.config import HostSettings
+from gpuserve.host_plan import HostPlan, SecretInstall
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings
-from gpuserve.release_files import secrets_env_path
 from gpuserve.values import is_host
 
 NGINX_DIR = proxy_conf.NGINX_DIR
@@ -65,22 +65,24 @@ def keys_map(keys: list[str], prefix: str = "c") -> str:
     return proxy_conf.keys_map(keys, prefix)
 
 
-def _read_keys(dep: DeploymentSettings, key: str, required: bool) -> list[str]:
-    file = getattr(dep, key)
+def _read_keys(secret: SecretInstall, required: bool) -> list[str]:
+    """The keys of one of the plan's client-keys or operator-keys secrets (gpuserve.host_plan),
+    read from its source on the control node."""
+    name, key, file = secret.deployment, secret.setting, secret.source
     if file is None and not required:
         return []
     path = Path(file or "")
     if file is None or not path.is_file():
-        raise OperationError(f"{host.name}: deployments.{dep.name}.{key} {file} is missing on this "
+        raise OperationError(f"{host.name}: deployments.{name}.{key} {file} is missing on this "
                              "control node; the proxy lets no client in without one")
     keys = api_keys.read_api_keys(path)
     if required and not keys:
-        raise OperationError(f"{host.name}: deployments.{dep.name}.{key} {path} holds no API key")
+        raise OperationError(f"{host.name}: deployments.{name}.{key} {path} holds no API key")
     for k in keys:
         try:
             proxy_conf.check_key(k)
         except ValueError as exc:   # never the key itself in the message
-            raise OperationError(f"{host.name}: deployments.{dep.name}.{key} {path}: {exc}") from None
+            raise OperationError(f"{host.name}: deployments.{name}.{key} {path}: {exc}") from None
     return keys
 
 
@@ -96,11 +98,13 @@ def server_names(settings: HostSettings) -> list[str]:
 
 
 @deploy("Proxy")
-def proxy(settings: HostSettings, *, sites_removed: bool = False,
+def proxy(plan: HostPlan, *, sites_removed: bool = False,
           drain_flags: tuple[str, ...] = ()) -> None:
-    """``sites_removed``: the removal layer took a deployment's site away (gpuserve.layers.removal),
+    """nginx in front of the plan's deployments, with the plan's secrets (keys, TLS key).
+    ``sites_removed``: the removal layer took a deployment's site away (gpuserve.layers.removal),
     so nginx is reloaded even if nothing here changed; ``drain_flags``: that layer's drain flags,
     which kept the removed sites' /health at 503 until this reload and go after it."""
+    settings = plan.settings
     if not settings.proxy:
         return
     apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
@@ -118,7 +122,7 @@ def proxy(settings: HostSettings, *, sites_removed: bool = False,
     old_common = files.file(name="No shared settings in their old place (they defined the log format "
                                  "after a site that sorts first)", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
-    tls = tls_files(settings)
+    tls = tls_files(plan)
     gateways = gateway.addresses(all_settings())   # docs/gateway.md: only they reach the client routes
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
                          src=StringIO(proxy_conf.tls_conf(f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key")),
@@ -130,22 +134,23 @@ def proxy(settings: HostSettings, *, sites_removed: bool = False,
     changed = [default_site, common, old_common, tls_conf, *tls]
     limits = proxy_conf.ProxyLimits(**settings.proxy_limits)
     for dep in settings.deployments:
-        clients = _read_keys(dep, "api_keys_file", required=True)
-        operators = _read_keys(dep, "operator_keys_file", required=False)
+        client_secret = plan.secret(dep.name, "client-keys")
+        operator_secret = plan.secret(dep.name, "operator-keys")
+        clients = _read_keys(client_secret, required=True)
+        operators = _read_keys(operator_secret, required=False)
         if set(clients) & set(operators):
             raise OperationError(f"{host.name}: deployments.{dep.name}: a key is in both api_keys_file "
                                  "and operator_keys_file; an operator key must be a separate key")
         keys = secrets_ops.secret_file(name=f"{dep.name}: client API keys (0600, not shown)",
-                                       content=keys_map(clients, "c"), dest=f"{NGINX_DIR}/{dep.name}.keys")
+                                       content=keys_map(clients, "c"), dest=client_secret.dest)
         op_keys = secrets_ops.secret_file(name=f"{dep.name}: operator API keys (0600, not shown)",
-                                          content=keys_map(operators, "o"),
-                                          dest=f"{NGINX_DIR}/{dep.name}.operator-keys")
+                                          content=keys_map(operators, "o"), dest=operator_secret.dest)
         upstream = f"{NGINX_DIR}/{dep.name}.upstream-auth"
         if not host.get_fact(secrets_ops.MatchesInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
             # from the engine key the service layer made on this host; it never leaves the host
             changed.append(server.shell(
                 name=f"{dep.name}: the engine's key for the proxy (0600)",
-                commands=[f"umask 077; . {secrets_env_path(dep.name)} && "
+                commands=[f"umask 077; . {plan.deployment(dep.name).secrets_env} && "
                           f"printf 'proxy_set_header Authorization \"Bearer %s\";\\n' \"$VLLM_API_KEY\""
                           f" > {upstream}"]))
         conf = files.put(
@@ -173,14 +178,16 @@ def proxy(settings: HostSettings, *, sites_removed: bool = False,
                      commands=[f"rm -f {' '.join(drain_flags)}"])
 
 
-def tls_files(settings: HostSettings) -> list:
+def tls_files(plan: HostPlan) -> list:
+    settings = plan.settings
     crt, key = f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key"
     if settings.proxy_tls_cert_file:
+        tls_key = plan.secret(None, "tls-key")   # validation: set with the certificate, or neither
         return [
             files.put(name="TLS certificate", src=settings.proxy_tls_cert_file, dest=crt,
                       user="root", group="root", mode="644"),
             secrets_ops.secret_file(name="TLS key (0600, not shown)",
-                                    content=Path(settings.proxy_tls_key_file).read_text(), dest=key),
+                                    content=Path(tls_key.source).read_text(), dest=tls_key.dest),
         ]
     if host.get_fact(File, path=key) is not None:
         return []

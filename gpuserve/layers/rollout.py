@@ -22,6 +22,7 @@ from pyinfra.operations import python
 
 from gpuserve import layout, patch, rollout
 from gpuserve.config import HostSettings
+from gpuserve.host_plan import HostPlan
 from gpuserve.layers import canary_bake, rotation, stack_move
 from gpuserve.layers.gate import gate as _gate
 from gpuserve.layers.context import all_settings
@@ -29,17 +30,16 @@ from gpuserve.facts.deployment import Deployment, DeploymentState
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
 from gpuserve.layers.remote import run as _run, shell as _shell
 from gpuserve.rollout import LockHolder, Move, StackMove
-from gpuserve.release_files import probe_url
 
 
 def _hosts_in_order(state) -> list:
     return [h for h in state.inventory if h in state.active_hosts]
 
 
-def deployment_state(settings: HostSettings, dep_name: str) -> DeploymentState:
-    dep = settings.deployment(dep_name)
+def deployment_state(plan: HostPlan, dep_name: str) -> DeploymentState:
+    """The deployment's state on this host, asked at the plan's health URL."""
     return host.get_fact(Deployment, deployment=dep_name,
-                         health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+                         health_url=plan.deployment(dep_name).health_url)
 
 
 def add_rollout(kind: str, moves: list[Move]) -> None:

@@ -24,11 +24,10 @@ from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
 from gpuserve.facts.deployment import Deployment, DeploymentState, ReleaseRecords
-from gpuserve.recipes import ServeConfig
+from gpuserve.host_plan import HostPlan
 from gpuserve.releases import Ledger, Release, unreferenced
 from gpuserve.values import is_loopback
-from gpuserve.release_files import (GATE, STOP_MARGIN_S, RenderedRelease, gate_command, probe_url,
-                              secrets_env_path, tools_enabled)
+from gpuserve.release_files import GATE, STOP_MARGIN_S, gate_command, tools_enabled
 
 GATE_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-gate"
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"   # inside the package: a wheel ships it
@@ -38,18 +37,19 @@ def unit_path(deployment: str) -> str:
     return f"/etc/systemd/system/{layout.unit_name(deployment)}"
 
 
-def _secrets_content(settings: HostSettings, dep: DeploymentSettings, serve: ServeConfig) -> str | None:
-    """The engine's secrets env, or None when it must be generated on the host (behind the proxy)."""
-    if not serve.secret_env_keys:
-        return ""
-    if settings.proxy:
+def _secrets_content(plan: HostPlan, name: str) -> str | None:
+    """The engine's secrets env, or None when it must be generated on the host (behind the proxy):
+    as the plan's engine-key secret says (gpuserve.host_plan)."""
+    secret = plan.secret(name, "engine-key")
+    if secret is None:
+        return ""   # the engine takes no key, or none is configured
+    if secret.source is None:
         return None  # an internal key the proxy injects; clients use their own keys at the proxy
-    if dep.api_keys_file is None:
-        return ""
-    path = Path(dep.api_keys_file)
+    path = Path(secret.source)
     if not path.is_file():
-        raise OperationError(f"{host.name}: deployments.{dep.name}.api_keys_file {path} does not exist "
+        raise OperationError(f"{host.name}: deployments.{name}.{secret.setting} {path} does not exist "
                              "on this control node")
+    serve = plan.serve_configs[name]
     # relative to where pyinfra runs, as validation read it (joining the parent again read
     # secrets/secrets/<file> for the prod example's "secrets/prod-api-keys")
     env = api_keys.secret_env(serve)
@@ -57,9 +57,9 @@ def _secrets_content(settings: HostSettings, dep: DeploymentSettings, serve: Ser
 
 
 @deploy("Service")
-def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, start: bool = True,
-            removed: Sequence[Release] = ()) -> None:
-    """Install each deployment's release, unit and secrets; start and gate where that is safe.
+def service(plan: HostPlan, *, start: bool = True, removed: Sequence[Release] = ()) -> None:
+    """Install each deployment's release (the plan's), unit and secrets; start and gate where
+    that is safe.
 
     ``start=False`` only stages (upgrade and rollback switch releases themselves, host by host).
     ``removed``: the releases of deployments the removal layer took off the host, whose engine
@@ -70,20 +70,19 @@ def service(settings: HostSettings, releases: dict[str, RenderedRelease], *, sta
                     mode="755")
     files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
     # before any engine starts: only the proxy and gpuserve open the engine ports (issue 12, 6)
+    settings = plan.settings
     engine_guard_layer(settings)
-    pointers = {dep.name: _deployment(settings, dep, releases[dep.name], start)
-                for dep in settings.deployments}
-    _retention(settings, releases, pointers, removed)
+    pointers = {dep.name: _deployment(plan, dep, start) for dep in settings.deployments}
+    _retention(plan, pointers, removed)
 
 
-def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: RenderedRelease,
-                start: bool) -> None:
+def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> None:
+    settings, where, rendered = plan.settings, plan.deployment(dep.name), plan.release(dep.name)
     name, rid = dep.name, rendered.id
-    serve = settings.serve_configs[name]   # rendered once, by validation
-    state: DeploymentState = host.get_fact(
-        Deployment, deployment=name, health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+    serve = plan.serve_configs[name]   # rendered once, by validation
+    state: DeploymentState = host.get_fact(Deployment, deployment=name, health_url=where.health_url)
 
-    rdir = layout.release_dir(name, rid)
+    rdir = plan.release_dir(name)
     files.directory(name=f"{name}: release {rid}", path=rdir, user="root",
                     group=layout.SERVICE_GROUP, mode="750")
     for fname, content in rendered.files.items():
@@ -91,8 +90,8 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
                   user="root", group=layout.SERVICE_GROUP,
                   mode="750" if fname in ("launch", "wait-ready") else "640")
 
-    secrets = _secrets_content(settings, dep, serve)
-    secrets_path = secrets_env_path(name)
+    secrets = _secrets_content(plan, name)
+    secrets_path = where.secrets_env
     if secrets is None:
         # behind the proxy the engine gets a random key made on the host once, never sent anywhere
         # (nor shown: the operation prints neither the key nor a diff)
@@ -107,10 +106,10 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
     unit = files.template(
         name=f"{name}: systemd unit", src=str(TEMPLATES / "gpuserve.service.j2"), dest=unit_path(name),
         user="root", group="root", mode="644",
-        deployment=name, engine=serve.engine, deployment_dir=layout.deployment_dir(name),
-        current=layout.current_link(name), secrets_env=secrets_path,
+        deployment=name, engine=serve.engine, deployment_dir=where.deployment_dir,
+        current=where.current_link, secrets_env=secrets_path,
         user_name=layout.SERVICE_USER, group_name=layout.SERVICE_GROUP, home=layout.SERVICE_HOME,
-        cache=layout.cache_dir(settings.nvme_path, name),
+        cache=where.cache_dir,
         start_timeout_s=dep.ready_timeout_s, stop_timeout_s=dep.shutdown_timeout_s + STOP_MARGIN_S,
         devices=_devices(settings), supplementary_groups=_groups(settings), after=_after(settings),
         # GPU engines with several ranks reach each other (NCCL/gloo bootstrap) on the host's
@@ -119,7 +118,7 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
         guard=engine_guard.UNIT,
     )
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
-    systemd.service(name=f"{name}: unit enabled at boot", service=layout.unit_name(name),
+    systemd.service(name=f"{name}: unit enabled at boot", service=where.unit,
                     running=None, enabled=True)
 
     if not start:
@@ -152,35 +151,35 @@ def _deployment(settings: HostSettings, dep: DeploymentSettings, rendered: Rende
 
 
 @deploy("Readiness after a reboot")
-def gate_after_reboot(settings: HostSettings, rebooted) -> None:
+def gate_after_reboot(plan: HostPlan, rebooted) -> None:
     """After an operation that may reboot the host (``rebooted``, e.g. the GPU stack's): every
     deployment with a release started and gated, so the run ends only once the host serves again
     or fails naming it. Nothing runs when the host did not reboot."""
     if rebooted is None:
         return
-    for dep in settings.deployments:
+    for dep in plan.settings.deployments:
         state = host.get_fact(Deployment, deployment=dep.name,
-                              health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+                              health_url=plan.deployment(dep.name).health_url)
         if state.current is None:
             continue
-        serve = settings.serve_configs[dep.name]
+        serve = plan.serve_configs[dep.name]
         server.shell(name=f"{dep.name}: started and gated after the reboot",
                      commands=[rollout.start(dep.name),
                                gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)],
                      _if=rebooted.did_change)
 
 
-def _retention(settings: HostSettings, releases: dict[str, RenderedRelease],
-               pointers: dict[str, tuple[str | None, str | None]],
+def _retention(plan: HostPlan, pointers: dict[str, tuple[str | None, str | None]],
                removed: Sequence[Release] = ()) -> None:
     """Keep current, previous and keep_releases - 1 more per deployment (and the release this run
     wants); remove the rest, and the releases of removed deployments, with the engine envs and
     checkpoints no kept release uses."""
+    settings, releases = plan.settings, plan.releases
     collected, kept = list(removed), [r.release for r in releases.values()]
     for dep in settings.deployments:
         records = host.get_fact(ReleaseRecords, deployment=dep.name)
         state = host.get_fact(Deployment, deployment=dep.name,
-                              health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+                              health_url=plan.deployment(dep.name).health_url)
         current, previous = pointers[dep.name]
         desired = releases[dep.name].id
         ledger = Ledger(tuple(records), current, previous)

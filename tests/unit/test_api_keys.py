@@ -53,6 +53,7 @@ def test_missing_key_file_only_warns_at_plan_time():
 def test_a_relative_key_file_is_read_from_where_pyinfra_runs(tmp_path, monkeypatch):
     # the prod example's api_keys_file = "secrets/prod-api-keys" was read as
     # secrets/secrets/prod-api-keys when the proxy was off
+    from gpuserve.host_plan import plan_host
     from gpuserve.layers.units import _secrets_content
 
     (tmp_path / "secrets").mkdir()
@@ -62,4 +63,4 @@ def test_a_relative_key_file_is_read_from_where_pyinfra_runs(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     settings = settings_of(make_inventory(host_data={"api_keys_file": "secrets/prod-api-keys"}))
     dep = settings.deployment("minimax")
-    assert _secrets_content(settings, dep, settings.serve_configs[dep.name]) == f"VLLM_API_KEY={key}\n"
+    assert _secrets_content(plan_host(settings), dep.name) == f"VLLM_API_KEY={key}\n"
