@@ -249,10 +249,13 @@ class _Checker:
     def choice(self, key: str) -> Any:
         return self.one_of(key, schema.choices(key))
 
-    def boolean(self, key: str) -> Any:
+    def boolean(self, key: str, true_means: str | None = None) -> Any:
+        """The value; a problem when it is not a real boolean. ``true_means``: what True does,
+        said in the message."""
         value = self.get(key)
         if not isinstance(value, bool):
-            self.problem(key, f"{value!r} is not allowed; use True or False")
+            what = f"True ({true_means})" if true_means else "True"
+            self.problem(key, f"{value!r} is not allowed; use {what} or False")
         return value
 
     def integer(self, key: str, minimum: int, value: Any = _MISSING, src: str | None = None,
@@ -941,24 +944,17 @@ def _host_names(c: _Checker) -> None:
 # --- removal (docs/removal.md) -----------------------------------------------------------------
 
 def _removal_keys(c: _Checker) -> dict[str, Any]:
-    decommission = c.get("decommission")
-    if not isinstance(decommission, bool):
-        c.problem("decommission", f"{decommission!r} is not allowed; use True (deploys/decommission.py "
-                  "may remove gpuserve from this host) or False")
-        decommission = False
-    return {"decommission": decommission}
+    decommission = c.boolean("decommission", "deploys/decommission.py may remove gpuserve from this host")
+    return {"decommission": decommission is True}   # a refused value counts as False
 
 # --- end of removal ------------------------------------------------------------------------------
 
 
 # --- patching (deploys/patch.py; docs/patching.md) -----------------------------------------------
 def _patch_keys(c: _Checker) -> dict[str, Any]:
-    last = c.get("patch_last_gateway")
-    if not isinstance(last, bool):
-        c.problem("patch_last_gateway", f"{last!r} is not allowed; use True (deploys/patch.py may update "
-                  "this gateway while no other gateway serves: a maintenance window) or False")
-        last = False
-    return {"patch_last_gateway": last}
+    last = c.boolean("patch_last_gateway", "deploys/patch.py may update this gateway while no other "
+                     "gateway serves: a maintenance window")
+    return {"patch_last_gateway": last is True}   # a refused value counts as False
 
 # --- end of patching -----------------------------------------------------------------------------
 
