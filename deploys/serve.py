@@ -25,7 +25,7 @@ from gpuserve.layers.proxy import proxy
 from gpuserve.layers.removal import removal
 from gpuserve.layers.units import service
 from gpuserve.layers.watchdog import watchdog
-from gpuserve.layers.weights import weights
+from gpuserve.layers.fanout import stage_begin, stage_end
 
 plan = host_plan()   # settings, engine spec and releases: made once for this host and run
 settings = plan.settings
@@ -33,13 +33,14 @@ settings = plan.settings
 if settings.serves:   # False on a host of role groups only (gateway, monitor): it serves no model
     refuse_unfinished_patch("converge", settings)   # out mid-patch: deploys/patch.py finishes it
     base_layout(settings.nvme_path, [d.name for d in settings.deployments])
+    stage_begin(settings)   # weights_fanout = "hosts": the copy runs from here, beside the next steps
     pending = stack_move(settings) if serving(settings) else None
     if pending:
         logger.warning(f"    [{host.name}] serves now: its GPU stack change ({pending.reason}) waits for "
                        "deploys/upgrade.py, which moves it out of rotation first; nothing changes here")
     gpu_stack(disruptive=pending is None)
     engine(plan)
-    weights(settings)
+    stage_end(settings)     # the weights step: waits for that copy, or stages it now
     removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
     service(plan, removed=removed.releases)
     proxy(plan, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)

@@ -155,6 +155,9 @@ class HostSettings:
     weights_cache: str = schema.default("weights_cache")
     weights_verify: str = schema.default("weights_verify")
     weights_bwlimit_kib: int | None = schema.default("weights_bwlimit_kib")
+    weights_fanout_degree: int = schema.default("weights_fanout_degree")
+    weights_fanout_address: str = schema.default("weights_fanout_address")
+    weights_progress_s: int = schema.default("weights_progress_s")
     warnings: tuple[str, ...] = ()
     # the rollout lock (gpuserve.rollout)
     rollout_lock_stale_s: int = schema.default("rollout_lock_stale_s")
@@ -529,8 +532,14 @@ def _weights(c: _Checker, model: Mapping[str, Any]) -> dict[str, Any]:
         c.problem("weights_cache", f"{cache!r} is not a directory path on the control node")
     verify = c.choice("weights_verify")
     bwlimit = c.ranged("weights_bwlimit_kib")
+    address = c.get("weights_fanout_address")
+    if not (isinstance(address, str) and (address == "" or is_host(address))):
+        c.problem("weights_fanout_address", f"{address!r} is not allowed; use the IP address or host "
+                  "name other hosts reach this host's sshd at, or leave it empty (the ssh_hostname)")
+        address = ""
     return dict(weights_fanout=fanout, weights_cache=cache, weights_verify=verify,
-                weights_bwlimit_kib=bwlimit)
+                weights_bwlimit_kib=bwlimit, weights_fanout_degree=c.ranged("weights_fanout_degree"),
+                weights_fanout_address=address, weights_progress_s=c.ranged("weights_progress_s"))
 
 
 def _scan_values(c: _Checker, value: Any, path: str, src: str) -> None:

@@ -7,6 +7,10 @@
     /etc/gpuserve/<deployment>/current -> releases/<id> what the unit serves
     /etc/gpuserve/<deployment>/previous -> releases/<id> the rollback target
     gpuserve-<deployment>.service                       the systemd unit
+    /opt/gpuserve/lib/{weights,fanout_agent}.py         the fan-out agent (weights_fanout = "hosts")
+    /etc/gpuserve/fanout/{id_ed25519,known_hosts,job.json}   its fleet key (0600), peers, job
+    gpuserve-weights-fetch.service                      the fan-out agent's unit
+    /var/lib/gpuserve-fanout/.ssh/authorized_keys       the fleet key, forced to read checkpoints only
 """
 
 from __future__ import annotations
@@ -20,6 +24,22 @@ SERVICE_HOME = "/var/lib/gpuserve"
 OPT_DIR = "/opt/gpuserve"
 ENVS_DIR = f"{OPT_DIR}/envs"
 ETC_DIR = "/etc/gpuserve"
+
+# host-to-host weights fan-out (gpuserve.layers.fanout)
+AGENT_DIR = f"{OPT_DIR}/lib"
+FANOUT_ETC = f"{ETC_DIR}/fanout"
+FANOUT_KEY = f"{FANOUT_ETC}/id_ed25519"
+FANOUT_KNOWN_HOSTS = f"{FANOUT_ETC}/known_hosts"
+FANOUT_JOB = f"{FANOUT_ETC}/job.json"
+FANOUT_USER = "gpuserve-fanout"
+FANOUT_HOME = "/var/lib/gpuserve-fanout"
+FANOUT_UNIT = "gpuserve-weights-fetch.service"
+FANOUT_RUN_DIR = "/run/gpuserve-fanout"   # the unit's RuntimeDirectory (ssh control sockets)
+
+
+def fanout_progress(repo_dir: str, sha: str) -> str:
+    """The agent's progress file (JSON), beside the revision it stages."""
+    return posixpath.join(repo_dir, f".gpuserve-fanout-{sha}.json")
 
 
 def gpuserve_root(nvme_path: str) -> str:

@@ -205,11 +205,21 @@ KEYS: tuple[Key, ...] = (
     Key("weights_free_margin_gib", 50, "number", Number(0), "refuse a host before downloading unless "
         "its NVMe filesystem has the bytes still needed + this margin free (the sandbox uses 1)",
         _WEIGHTS, H),
-    Key("weights_fanout", "control-node", "str", Choice(("control-node", "hub")), "`control-node`: the "
-        "control node downloads each revision once (all sources) and every host copies from it with "
+    Key("weights_fanout", "control-node", "str", Choice(("control-node", "hub", "hosts")), "`control-node`: "
+        "the control node downloads each revision once (all sources) and every host copies from it with "
         "rsync over its own SSH settings; `hub`: every host downloads the files it lacks itself from "
         "`hf_endpoint` (plain HTTPS, resumable; Hugging Face compatible hubs only, no token: use a "
-        "mirror)", _WEIGHTS, H),
+        "mirror); `hosts`: hosts feed hosts shard by shard (the control node sends each byte once for "
+        "the fleet; the copy runs in a host-side unit from the start of the converge; docs/weights.md, "
+        "\"Host-to-host fan-out\")", _WEIGHTS, H),
+    Key("weights_fanout_degree", 2, "int", Int(1, 16), "with `weights_fanout = \"hosts\"`: how many "
+        "stripes (and trees) the revision is split into, so how many children a host feeds and how many "
+        "parents it takes from at once", _WEIGHTS, H),
+    Key("weights_fanout_address", "", "str", "an IP address or host name, or empty", "with "
+        "`weights_fanout = \"hosts\"`: the address other hosts reach this host's sshd at for weights "
+        "(a storage network); host data", _WEIGHTS, H, default_doc="empty: the host's `ssh_hostname`"),
+    Key("weights_progress_s", 10, "int", Int(1, 3600), "with `weights_fanout = \"hosts\"`: seconds "
+        "between the progress lines (per host, and one for the fleet) while copies run", _WEIGHTS, H),
     Key("weights_cache", "~/.cache/gpuserve/checkpoints", "str", "a path on the control node", "where "
         "the control node keeps verified revisions (same layout as on hosts; a bump downloads only "
         "changed files); the sandbox keeps it per instance under "

@@ -425,20 +425,26 @@ def content_key(spec: FileSpec) -> str:
 class _Lock:
     """flock on the repository directory's lock file, failing fast when another sync holds it."""
 
-    def __init__(self, repo_dir: str):
+    def __init__(self, repo_dir: str, wait: float = 0):
         os.makedirs(repo_dir, exist_ok=True)
         self.path = os.path.join(repo_dir, LOCK_NAME)
         self.fh = None
+        self.wait = wait  # seconds to wait for another holder (the fan-out agent's short holds)
 
     def __enter__(self) -> "_Lock":
         self.fh = open(self.path, "a")
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.close()
-            raise WeightsError(f"another gpuserve weights sync holds {self.path}; run one converge "
-                               "per host at a time") from None
-        return self
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                self.fh.close()
+                raise WeightsError(f"another gpuserve weights sync holds {self.path}; run one "
+                                   "converge per host at a time") from None
 
     def __exit__(self, *exc: Any) -> None:
         fcntl.flock(self.fh, fcntl.LOCK_UN)
@@ -669,6 +675,37 @@ def commit(repo_dir: str, manifest: Manifest) -> Dict[str, Any]:
         return {"mode": "repair" if repair else "new", "complete": complete, "verified": verified,
                 "bad": bad, "missing": sorted(still), "relinked": relinked,
                 "directory": final if complete else stage}
+
+
+def accept_file(repo_dir: str, manifest: Manifest, src: str, path: str) -> Dict[str, Any]:
+    """Verify one received file (``src``, complete in size) of a revision being staged and move it
+    into ``<sha>.partial/<path>``: from then on it is served onward (the fan-out forwards a shard as
+    soon as it is verified, while other files are still in flight, which :func:`commit` would
+    delete). Returns ``{"ok": bool, "reason": str}``; a bad file is deleted. A file already verified
+    there (it came twice, from two sources) is dropped and reported ``ok`` with reason ``dup``."""
+    sha = manifest.revision
+    stage = partial_dir(repo_dir, sha)
+    spec = manifest.files[path]
+    rec, why = check_file(src, spec)  # hashing outside the lock: other stripes go on meanwhile
+    with _Lock(repo_dir, wait=60):
+        if not os.path.isdir(stage):
+            _remove(src)
+            return {"ok": os.path.isdir(final_dir(repo_dir, sha)), "reason": "no partial"}
+        recorded = read_manifest(stage) or Manifest(manifest.repo, sha, dict(manifest.files))
+        have = recorded.verified.get(path)
+        if have is not None and _fresh(os.path.join(stage, path), have):
+            _remove(src)
+            return {"ok": True, "reason": "dup"}
+        if rec is None:
+            _remove(src)
+            return {"ok": False, "reason": why}
+        dst = os.path.join(stage, path)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.chmod(src, 0o644)
+        os.replace(src, dst)
+        recorded.verified[path] = Record.of(os.lstat(dst), rec.sha256)
+        write_manifest(stage, recorded)
+        return {"ok": True, "reason": "verified"}
 
 
 def _ino(path: str) -> Optional[int]:
