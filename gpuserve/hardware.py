@@ -101,7 +101,7 @@ class HardwareProfile:
 class ProfileHardware:
     """The machines one recipe profile is written for."""
 
-    gpu_model: str  # the reference machine's model: the seeds', the sandbox's, a bare plan's
+    gpu_model: str  # the reference machine's model: the recipe's, the sandbox's, a bare plan's
     gpu_count: int
     nvswitch: bool
     gpu_models: tuple[str, ...]  # every model that gets this profile (with gpu_count GPUs)

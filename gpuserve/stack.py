@@ -610,7 +610,7 @@ def failure_message(host: str, problems: list[str]) -> str:
 
 
 # --- the stack as a rollout target (deploys/upgrade.py, deploys/rollback.py) ---------------------
-# A GPU-stack change on a host that serves is a move of the rollout (FLEET.md): the host leaves
+# A GPU-stack change on a host that serves is a move of the rollout (docs/rollout.md): the host leaves
 # rotation, its engines stop, the held set changes, it reboots if the loaded module differs, it is
 # verified and admitted, and only then serves again. The host records the stack it was moved to
 # and the one before, so deploys/rollback.py can go back to the previous pinned stack.
