@@ -43,14 +43,14 @@ NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")   # gpuserve.config.DEPLOYMENT_NA
 SYSTEMD_DIR = "/etc/systemd/system"
 USER_COMMENT = "gpuserve inference engine"   # gpuserve.layers.base gives the service user this
 NGINX_CONF_D = "/etc/nginx/conf.d"
-NGINX_DROPIN = "/etc/systemd/system/nginx.service.d/gpuserve.conf"   # gpuserve.layers.proxy.DROPIN
+NGINX_DROPIN_PATH = "/etc/systemd/system/nginx.service.d/gpuserve.conf"   # gpuserve.layers.proxy.DROPIN
 KEY_SUFFIXES = (".keys", ".operator-keys", ".upstream-auth", ".drain")  # the proxy's per-deployment files
 # host-wide directories and files of gpuserve besides the deployments' (deploys/decommission.py)
 HOST_PATHS = (
     proxy_conf.COMMON_CONF,
     proxy_conf.OLD_COMMON_CONF,
     proxy_conf.NGINX_DIR,                 # TLS pair, keys, drain flags
-    NGINX_DROPIN,
+    NGINX_DROPIN_PATH,
     layout.ETC_DIR,                       # ledgers, secrets
     layout.OPT_DIR,                       # engine envs, uv, wheels, the readiness gate
     layout.SERVICE_HOME,
@@ -133,7 +133,7 @@ def services() -> tuple[str, ...]:
 
 
 def is_nginx_path(path: str) -> bool:
-    return path.startswith(("/etc/nginx/", NGINX_DROPIN))
+    return path.startswith(("/etc/nginx/", NGINX_DROPIN_PATH))
 
 
 def is_unit_path(path: str) -> bool:
