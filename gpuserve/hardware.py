@@ -106,10 +106,6 @@ class ProfileHardware:
     nvswitch: bool
     gpu_models: tuple[str, ...]  # every model that gets this profile (with gpu_count GPUs)
 
-    @property
-    def reference(self) -> HardwareProfile:
-        return HardwareProfile(self.gpu_model, self.gpu_count, self.nvswitch)
-
     def group_data(self) -> dict[str, object]:
         """The reference machine as group data declares it (group_data/<profile>.py)."""
         return {"gpu_model": self.gpu_model, "gpu_count": self.gpu_count, "nvswitch": self.nvswitch}
