@@ -37,7 +37,7 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "templates"   # inside the pac
 
 
 def unit_path(deployment: str) -> str:
-    return f"/etc/systemd/system/{layout.unit_name(deployment)}"
+    return layout.unit_path(deployment)
 
 
 def _secrets_content(plan: HostPlan, name: str) -> str | None:
