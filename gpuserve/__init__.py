@@ -2,15 +2,87 @@
 
 The package holds the logic; ``deploys/`` holds the thin pyinfra entry points.
 
-Modules, one concern each (README.md, "Repository layout", lists them all):
-    schema      every setting's type, default, what is allowed and its doc line
-    config      validation: one settings object per host, with its rendered serve configs
-    layout      where things live on a served host (paths, unit names, the service user)
-    layers/     the converge layers as pyinfra ``@deploy`` functions (base, gpu stack, engine,
-                weights, units, proxy, ...); host changes only go through pyinfra operations
-    facts/      pyinfra facts (GPUs, NVSwitch, NVMe, ...) and their pure parsers
-    cli         the ``gpuserve`` command (plan, status, wheelhouse, resolve, top); the sandbox,
-                a distribution of its own (sandbox/), adds ``gpuserve sandbox``
+Every module of the package, one concern each (tests/unit/test_package_docstring.py keeps this
+list whole; docs/rollout.md maps the move pipeline across them):
+
+Settings and plans (pure: no host access)
+    schema          every setting's type, default, what is allowed and its doc line
+    config          validation: group data -> one frozen settings object per host
+    host_plan       one immutable plan per host: what validation decided for it
+    values          checks of single values several settings share (URLs, host names, paths)
+    errors          the one error a bad inventory raises: every problem on every host
+    config_repo     where a config repo's files are found (docs/config-repo.md)
+    hardware        the GPU catalogue and a host's hardware profile
+    recipes         hardware recipes: settings + a deployment -> the exact serve configuration
+    engine_pins     which engine package and version a host installs, and what that pin serves
+    engine_flags    the serve flags and torch pins of every engine pin gpuserve knows
+    packages        facts about engine packages by name
+    layout          where things live on a served host (paths, unit names, the service user)
+What goes onto hosts, rendered on the control node (pure)
+    engine          the engine's venv: its id, the uv commands that build it, how the unit starts it
+    release_files   a deployment's release as files (serve.yaml, launch, the readiness gate's command)
+    releases        releases: the immutable pinned tuple a host serves, and their bookkeeping
+    stack           the GPU stack as data: packages, versions, repositories, the checks of a host
+    admission       the admission checks per GPU (ECC, retired pages, PCIe, NVLink, XIDs)
+    engine_guard    the nftables table that lets only the proxy open the engine ports
+    proxy_conf      the nginx configuration of the TLS front
+    certs           the command that makes a self-signed certificate on a host
+    gateway         the fleet gateway (smg): worker file, unit, nginx front
+    monitoring      what monitor hosts run: Prometheus scrape configs, rules, alertmanager
+    grafana         the Grafana dashboards
+    weights         checkpoint revisions on disk: manifests, hardlink or fetch, verification
+    removal         what the plan no longer keeps on a host, from its footprint
+Moves (pure: which host moves when, and the commands of one move; docs/rollout.md)
+    rollout         release moves, batches, the rollout lock's commands
+    patch           OS and kernel updates as a reason to move a host
+    canary          the canary bake's Prometheus queries and their verdicts
+The control node
+    checkpoints     resolve, download once, verify a model revision (the weights layer's side)
+    fanout          host-to-host weights fan-out: who sends which shard to whom (pure; opt-in, unfinished)
+    fanout_agent    the fan-out's host agent and its fleet key's forced command (standard library)
+    fanout_push     the control node's part of the fan-out: each stripe once, to its root
+    wheelhouse      an engine's wheels gathered once for offline installs
+    api_keys        secret environment values, read at deploy time
+    locks           a lock file on the control node (fcntl)
+The ``gpuserve`` command
+    cli             the command and its subcommands (plan, status, wheelhouse, resolve, top); the
+                    sandbox (sandbox/, a distribution of its own) adds ``gpuserve sandbox``
+    plan            ``gpuserve plan``: what each host would serve, without touching a host
+    status          ``gpuserve status``: what runs on each host and whether it answers
+    top             ``gpuserve top``: the fleet live, from Prometheus
+layers/: pyinfra ``@deploy`` layers, the custom operations they use, and the rollout's steps
+    base            the service user and the directory layout
+    gpu_stack       the vendor driver stack, pinned and held, loaded and verified
+    gpu_ops         the GPU stack's operations that decide at execute time (also the move's checks)
+    engine          uv and one immutable venv per engine pin
+    engine_guard    the engine guard's nftables table on every serving host
+    weights         the pinned checkpoint revision on every host's NVMe
+    fanout          the fan-out's two halves: start at the top of a converge, wait at the weights step
+    units           the service layer: releases, secrets, systemd units, start and gate, retention
+    proxy           nginx with TLS and API keys in front of every deployment
+    watchdog        the hang watchdog's unit per deployment
+    gateway         smg behind nginx on a gateway host
+    monitoring      node-exporter everywhere; Prometheus and alertmanager on monitor hosts
+    removal         removal of deployments no longer planned, and decommission
+    secrets_ops     operations that write secret files without showing them
+    context         the validated settings and plan of the host a deploy runs for
+    rollout         the rollout operation: lock, budget, batches, release moves
+    stack_move      the GPU-stack and OS-update moves of a rollout
+    patch           the host's OS-update move, and the gateway and monitor checks during it
+    rotation        out, drained and back in: the first and last steps of every move
+    gate            the readiness gate of a move
+    canary_bake     the canary bake after an upgrade's first batch
+    remote          commands a rollout runs on other hosts, each bounded in time
+facts/: pyinfra facts, each beside its pure parser
+    admission       everything the admission checks read, in one round trip
+    amd             amd-smi's GPUs, ROCm and the loaded amdgpu module
+    apt             apt holds and what the repositories offer
+    checkpoints     what a host holds of a model repository
+    deployment      a deployment's releases, pointers, unit state and health
+    gpus            the one parser of nvidia-smi's and amd-smi's GPU lists
+    kernel          kernels, DKMS builds and pending updates (gpuserve.patch)
+    nvidia          nvidia-smi's GPUs, the loaded and installed driver, NVSwitches, CUDA
+    removal         what gpuserve has on a host (gpuserve.removal reads it)
 """
 
 __version__ = "0.2.0"

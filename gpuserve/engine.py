@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from gpuserve.config import HostSettings
 
 UV_VERSION = schema.default("uv_version")  # the group data key's default (gpuserve.schema)
-PYTHON_DOWNLOADS = schema.choices("python_downloads")
 
 # Host paths of this layer (beside layout.ENVS_DIR, on the same filesystem: uv hard-links from
 # its cache into the venvs only within one filesystem).

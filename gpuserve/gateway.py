@@ -43,10 +43,6 @@ NGINX_NAME = "gateway"   # gpuserve/gateway.keys, ... beside the deployments' (p
 NGINX_CONF = "/etc/nginx/conf.d/gpuserve-gateway.conf"   # proxy_conf.OWN_NAMES has "gateway"
 MANIFEST_VERSION = 1     # smg 1.13.0 service_discovery/file.rs: {"version": 1, "workers": [...]}
 
-# the smg policies gpuserve supports and its spill gate's defaults: why these, in gpuserve.schema
-POLICIES = schema.choices("gateway_policy")
-DEFAULT_BALANCE_ABS = schema.default("gateway_balance_abs_threshold")
-DEFAULT_BALANCE_REL = schema.default("gateway_balance_rel_threshold")
 HEADER_NAME = r"[A-Za-z0-9-]{1,64}"
 
 

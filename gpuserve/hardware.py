@@ -101,14 +101,10 @@ class HardwareProfile:
 class ProfileHardware:
     """The machines one recipe profile is written for."""
 
-    gpu_model: str  # the reference machine's model: the seeds', the sandbox's, a bare plan's
+    gpu_model: str  # the reference machine's model: the recipe's, the sandbox's, a bare plan's
     gpu_count: int
     nvswitch: bool
     gpu_models: tuple[str, ...]  # every model that gets this profile (with gpu_count GPUs)
-
-    @property
-    def reference(self) -> HardwareProfile:
-        return HardwareProfile(self.gpu_model, self.gpu_count, self.nvswitch)
 
     def group_data(self) -> dict[str, object]:
         """The reference machine as group data declares it (group_data/<profile>.py)."""

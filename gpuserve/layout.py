@@ -11,6 +11,10 @@
     /etc/gpuserve/fanout/{id_ed25519,known_hosts,job.json}   its fleet key (0600), peers, job
     gpuserve-weights-fetch.service                      the fan-out agent's unit
     /var/lib/gpuserve-fanout/.ssh/authorized_keys       the fleet key, forced to read checkpoints only
+
+and, below, the host-wide paths: other programs' directories gpuserve writes into (systemd, nginx,
+apt) and gpuserve's own state (/var/lib/gpuserve-stack, the rollout lock, ...). A module that
+needs a host path takes it from here (it may keep a local alias of the same constant).
 """
 
 from __future__ import annotations
@@ -90,3 +94,53 @@ def previous_link(deployment: str) -> str:
 
 def unit_name(deployment: str) -> str:
     return f"gpuserve-{deployment}.service"
+
+
+# --- host-wide paths (issue 28: layout.py is the one source of host paths) ------------------------
+# Other programs' directories that gpuserve writes into.
+SYSTEMD_DIR = "/etc/systemd/system"
+NGINX_ETC_DIR = "/etc/nginx"
+NGINX_CONF_D = f"{NGINX_ETC_DIR}/conf.d"
+NGINX_DEFAULT_SITE = f"{NGINX_ETC_DIR}/sites-enabled/default"   # Debian's; gpuserve removes the link
+NGINX_DROPIN_PATH = f"{SYSTEMD_DIR}/nginx.service.d/gpuserve.conf"   # its text: proxy_conf.NGINX_DROPIN
+APT_KEYRINGS_DIR = "/etc/apt/keyrings"
+APT_PREFERENCES_DIR = "/etc/apt/preferences.d"
+APT_SOURCES_DIR = "/etc/apt/sources.list.d"
+MODPROBE_DIR = "/etc/modprobe.d"
+CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"   # where NVIDIA's cuda-keyring package puts it
+# Debian's /etc/default files of the monitoring packages (gpuserve's when their first line is its marker)
+NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
+PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
+ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
+
+# gpuserve's own host-wide state
+SECRETS_STAGING_DIR = f"{ETC_DIR}/.staging"   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
+DOWNLOADS_DIR = "/var/cache/gpuserve"          # GPU-stack downloads
+ENGINE_LOG_DIR = "/var/log/gpuserve"           # engine build logs (gpuserve.engine.LOG_DIR)
+ROLLOUT_LOCK_DIR = "/var/lib/gpuserve-rollout"   # the rollout lock (gpuserve.rollout.LOCK_FILE)
+STACK_STATE_DIR = "/var/lib/gpuserve-stack"    # root-only, beside nothing the service user reads
+STACK_RECORD = f"{STACK_STATE_DIR}/record.json"   # the stack a host serves, and the one before
+STACK_MOVING = f"{STACK_STATE_DIR}/moving"        # a stack move began here and has not finished
+PATCH_MOVING = f"{STACK_STATE_DIR}/patching"      # an OS-update move began here and has not finished
+EXPORTERS_DIR = f"{NGINX_ETC_DIR}/gpuserve-exporters"   # the exporters' TLS front's key pair (layers/monitoring.py)
+EXPORTERS_CONF = f"{NGINX_CONF_D}/gpuserve--exporters.conf"   # its site; no deployment has this name
+GATEWAY_STATE_DIRS = ("/var/lib/gpuserve-gateway",   # smg's StateDirectory (DynamicUser: a link to private/)
+                      "/var/lib/private/gpuserve-gateway")
+
+
+def systemd_unit_path(unit: str) -> str:
+    """``/etc/systemd/system/<unit>``: where gpuserve writes a unit file."""
+    return posixpath.join(SYSTEMD_DIR, unit)
+
+
+def unit_path(deployment: str) -> str:
+    """The deployment's systemd unit file."""
+    return systemd_unit_path(unit_name(deployment))
+
+
+WATCHDOG_UNIT_PATH = systemd_unit_path("gpuserve-watchdog@.service")   # the watchdog's template unit
+
+
+def proxy_site(deployment: str) -> str:
+    """The proxy's nginx site of one deployment."""
+    return posixpath.join(NGINX_CONF_D, f"gpuserve-{deployment}.conf")

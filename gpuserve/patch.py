@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from functools import cmp_to_key
 from typing import Iterable, Mapping, Sequence
 
-from gpuserve import gateway, monitoring, rollout
+from gpuserve import gateway, layout, monitoring, rollout
 from gpuserve.rollout import StackMove
 
 # a patch move that began and has not finished (the host is out of rotation): a rerun finishes it
-PATCH_MOVING = "/var/lib/gpuserve-stack/patching"
+PATCH_MOVING = layout.PATCH_MOVING
 
 # Upgrades only what is installed, installs what an upgrade newly depends on (a kernel
 # metapackage's new ABI package), removes nothing, and never touches held packages (the GPU

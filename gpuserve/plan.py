@@ -25,7 +25,7 @@ from gpuserve.recipes import ServeConfig
 
 FORMATS = ("text", "argv", "yaml", "json")
 
-# The hardware a bare ``--profile`` plan assumes (the seeds' machines).
+# The hardware a bare ``--profile`` plan assumes (the recipes' reference machines, gpuserve.hardware.PROFILES).
 PROFILE_HARDWARE = {name: hw.group_data() for name, hw in hardware.PROFILES.items()}
 
 

@@ -125,7 +125,8 @@ _DSPARK_AMD = {
     "draft_sample_method": "probabilistic",
 }
 
-SEED = "shared/seeds/001_3bf6b220e02df8c2.txt"
+# the model's published serving guide; its NVIDIA commands are copied verbatim in tests/unit/fixtures
+SEED = "the serving guide (tests/unit/fixtures/seed_*.sh)"
 VLLM_M31_RECIPE = "vLLM 0.33.0 sdist, recipes/models/MiniMaxAI/MiniMax-M3.1-Flash.yaml"
 
 RECIPES: dict[str, Recipe] = {
@@ -240,12 +241,12 @@ RECIPES: dict[str, Recipe] = {
             gpu_models=PROFILES["mi355x_x4"].gpu_models,
             gpu_count=PROFILES["mi355x_x4"].gpu_count,
             model_families=("minimax-m3",),
-            # Derived: the seeds give no vLLM flags for AMD. Start from the MI355X single-node
+            # Derived: the serving guide gives no vLLM flags for AMD. Start from the MI355X single-node
             # command in vLLM's own recipe file (VLLM_M31_RECIPE), which targets a nightly image,
             # and keep only what vLLM 0.33.0 itself accepts: its MiniMax M3 sparse attention
             # takes an NVFP4 KV cache only on Blackwell (SM100 MSA) and its AttentionConfig has
             # no indexer_decode_cp, so the KV and indexer caches are FP8 (the recipe file's
-            # MI355X fp8 mode). Plus the seeds' 32K/4 test limits and the recipe file's
+            # MI355X fp8 mode). Plus the guide's 32K/4 test limits and the recipe file's
             # default-on tool calling. Details in docs/recipes.md.
             vllm=EngineTable(
                 flags=_frozen(
@@ -271,7 +272,7 @@ RECIPES: dict[str, Recipe] = {
                     }
                 ),
             ),
-            sglang=None,  # the seeds name only a container image for AMD; nothing to derive from
+            sglang=None,  # the guide names only a container image for AMD; nothing to derive from
             torch_backend="rocm7.2",
             torch_backend_pattern=r"rocm7\.\d+",
             min_vram_gb=533,

@@ -26,7 +26,6 @@ goes last, so a rerun still finds the deployment and finishes.
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -40,47 +39,44 @@ UNIT_MARKER = "# Managed by gpuserve (pyinfra): do not edit here, change group_d
 # the start of the first line of every other file gpuserve writes in another program's place
 MANAGED = "# Managed by gpuserve (pyinfra)"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")   # gpuserve.config.DEPLOYMENT_NAME
-SYSTEMD_DIR = "/etc/systemd/system"
+SYSTEMD_DIR = layout.SYSTEMD_DIR
 USER_COMMENT = "gpuserve inference engine"   # gpuserve.layers.base gives the service user this
-NGINX_CONF_D = "/etc/nginx/conf.d"
-NGINX_DROPIN = "/etc/systemd/system/nginx.service.d/gpuserve.conf"   # gpuserve.layers.proxy.DROPIN
 KEY_SUFFIXES = (".keys", ".operator-keys", ".upstream-auth", ".drain")  # the proxy's per-deployment files
 # host-wide directories and files of gpuserve besides the deployments' (deploys/decommission.py)
 HOST_PATHS = (
     proxy_conf.COMMON_CONF,
     proxy_conf.OLD_COMMON_CONF,
     proxy_conf.NGINX_DIR,                 # TLS pair, keys, drain flags
-    NGINX_DROPIN,
+    layout.NGINX_DROPIN_PATH,
     layout.ETC_DIR,                       # ledgers, secrets
     layout.OPT_DIR,                       # engine envs, uv, wheels, the readiness gate
     layout.SERVICE_HOME,
-    "/var/lib/gpuserve-rollout",          # the rollout lock (gpuserve.rollout.LOCK_FILE)
-    "/var/log/gpuserve",                  # engine build logs (gpuserve.engine.LOG_DIR)
-    "/var/cache/gpuserve",                # GPU-stack downloads
+    layout.ROLLOUT_LOCK_DIR,              # the rollout lock (gpuserve.rollout.LOCK_FILE)
+    layout.ENGINE_LOG_DIR,                # engine build logs (gpuserve.engine.LOG_DIR)
+    layout.DOWNLOADS_DIR,                 # GPU-stack downloads
     # --- the fleet tier: the GPU stack's record, the exporters' front, a gateway, a monitor ---
-    "/var/lib/gpuserve-stack",            # GPU stack record and move marker (gpuserve.stack.STACK_RECORD)
-    "/etc/nginx/conf.d/gpuserve--exporters.conf",   # gpuserve.layers.monitoring.EXPORTERS_CONF
-    "/etc/nginx/gpuserve-exporters",      # its TLS pair (gpuserve.layers.monitoring.EXPORTERS_DIR)
+    layout.STACK_STATE_DIR,               # GPU stack record and move markers (stack and patch)
+    layout.EXPORTERS_CONF,                # gpuserve.layers.monitoring.EXPORTERS_CONF
+    layout.EXPORTERS_DIR,                 # its TLS pair (gpuserve.layers.monitoring.EXPORTERS_DIR)
     gateway.NGINX_CONF,                   # a gateway's front (its keys are in proxy_conf.NGINX_DIR)
     gateway.ETC,                          # a gateway's worker file and workers' CA
-    "/var/lib/gpuserve-gateway",          # smg's StateDirectory (DynamicUser: a link to private/)
-    "/var/lib/private/gpuserve-gateway",
+    *layout.GATEWAY_STATE_DIRS,           # smg's StateDirectory (DynamicUser: a link to private/)
     monitoring.RULES_YML,                 # a monitor's alert rules
     monitoring.SCRAPE_SECRETS_DIR,        # a monitor's operator keys to scrape with
     monitoring.SCRAPE_CA_DIR,             # a monitor's copies of the hosts' certificates
 )
-WATCHDOG_TEMPLATE = f"{SYSTEMD_DIR}/gpuserve-watchdog@.service"   # gpuserve.layers.watchdog.UNIT
-GATEWAY_UNIT = f"{SYSTEMD_DIR}/{gateway.UNIT}"
+WATCHDOG_TEMPLATE = layout.WATCHDOG_UNIT_PATH   # gpuserve.layers.watchdog.UNIT
+GATEWAY_UNIT = layout.systemd_unit_path(gateway.UNIT)
 # files in other programs' places, gpuserve's only when their first line starts with MANAGED,
 # each with the service it configures (stopped and disabled before the file goes), in order
 MARKED: tuple[tuple[str, str | None], ...] = (
     (WATCHDOG_TEMPLATE, None),            # its instances go with their deployments
     (GATEWAY_UNIT, gateway.UNIT),
     (engine_guard.UNIT_PATH, engine_guard.UNIT),   # stopping it drops its nftables table
-    ("/etc/default/prometheus-node-exporter", "prometheus-node-exporter.service"),
-    ("/etc/default/prometheus", "prometheus.service"),
+    (layout.NODE_EXPORTER_DEFAULTS, "prometheus-node-exporter.service"),
+    (layout.PROMETHEUS_DEFAULTS, "prometheus.service"),
     (monitoring.PROMETHEUS_YML, "prometheus.service"),
-    ("/etc/default/prometheus-alertmanager", "prometheus-alertmanager.service"),
+    (layout.ALERTMANAGER_DEFAULTS, "prometheus-alertmanager.service"),
     (monitoring.ALERTMANAGER_YML, "prometheus-alertmanager.service"),
 )
 
@@ -97,11 +93,11 @@ def textfiles(name: str) -> tuple[str, ...]:
 
 
 def unit_path(name: str) -> str:
-    return posixpath.join(SYSTEMD_DIR, layout.unit_name(name))
+    return layout.unit_path(name)
 
 
 def proxy_site(name: str) -> str:
-    return posixpath.join(NGINX_CONF_D, f"gpuserve-{name}.conf")
+    return layout.proxy_site(name)
 
 
 def deployment_paths(name: str, nvme_path: str) -> tuple[str, ...]:
@@ -133,7 +129,7 @@ def services() -> tuple[str, ...]:
 
 
 def is_nginx_path(path: str) -> bool:
-    return path.startswith(("/etc/nginx/", NGINX_DROPIN))
+    return path.startswith((layout.NGINX_ETC_DIR + "/", layout.NGINX_DROPIN_PATH))
 
 
 def is_unit_path(path: str) -> bool:

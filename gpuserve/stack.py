@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpuserve import admission, schema
+from gpuserve import admission, layout, schema
 from gpuserve.hardware import GPU_MODELS, GpuInfo
 from gpuserve.values import url_problem
 
@@ -347,9 +347,9 @@ APT_INSTALL = ("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-dow
 
 
 # --- NVIDIA -------------------------------------------------------------------------------------
-CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
-NVIDIA_PREFERENCES = "/etc/apt/preferences.d/gpuserve-nvidia-driver"
-NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpuserve-blacklist-nouveau.conf"
+CUDA_KEYRING = layout.CUDA_KEYRING
+NVIDIA_PREFERENCES = f"{layout.APT_PREFERENCES_DIR}/gpuserve-nvidia-driver"
+NOUVEAU_BLACKLIST = f"{layout.MODPROBE_DIR}/gpuserve-blacklist-nouveau.conf"
 NOUVEAU_BLACKLIST_TEXT = "# gpuserve: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
 FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
 PERSISTENCED_UNIT = "nvidia-persistenced"
@@ -359,7 +359,7 @@ DCGM_EXPORTER_PORT = 9400
 # dcgm-exporter listens on every address (":9400") unless told otherwise; its `--address` flag
 # reads DCGM_EXPORTER_LISTEN too. Loopback only: the monitor reaches it through the host's TLS
 # exporter front (layers/monitoring.py), never directly.
-DCGM_EXPORTER_DROPIN = f"/etc/systemd/system/{DCGM_EXPORTER_UNIT}.service.d/gpuserve-listen.conf"
+DCGM_EXPORTER_DROPIN = layout.systemd_unit_path(f"{DCGM_EXPORTER_UNIT}.service.d/gpuserve-listen.conf")
 DCGM_EXPORTER_LISTEN = f"127.0.0.1:{DCGM_EXPORTER_PORT}"
 DCGM_EXPORTER_DROPIN_TEXT = ("# gpuserve: the DCGM exporter on loopback only (the monitor scrapes it through nginx)\n"
                              f"[Service]\nEnvironment=DCGM_EXPORTER_LISTEN={DCGM_EXPORTER_LISTEN}\n")
@@ -375,7 +375,7 @@ def cuda_keyring_url(s: StackSettings, os: str, arch: str) -> str:
 
 def cuda_sources(s: StackSettings, os: str, arch: str) -> tuple[str, str]:
     """Path and content of the sources entry: the one cuda-keyring writes, at the configured URL."""
-    return (f"/etc/apt/sources.list.d/cuda-{os}-{arch}.list",
+    return (f"{layout.APT_SOURCES_DIR}/cuda-{os}-{arch}.list",
             f"deb [signed-by={CUDA_KEYRING}] {cuda_repo_dir(s, os, arch)}/ /\n")
 
 
@@ -465,9 +465,9 @@ def nvidia_units(s: StackSettings) -> list[str]:
 
 
 # --- AMD ----------------------------------------------------------------------------------------
-ROCM_KEY = "/etc/apt/keyrings/rocm.asc"
-ROCM_SOURCES = "/etc/apt/sources.list.d/rocm.list"
-ROCM_PREFERENCES = "/etc/apt/preferences.d/rocm-pin-600"
+ROCM_KEY = f"{layout.APT_KEYRINGS_DIR}/rocm.asc"
+ROCM_SOURCES = f"{layout.APT_SOURCES_DIR}/rocm.list"
+ROCM_PREFERENCES = f"{layout.APT_PREFERENCES_DIR}/rocm-pin-600"
 ROCM_SUITES = {"ubuntu2204": "jammy", "ubuntu2404": "noble", "debian12": "jammy"}
 GPU_GROUPS = ("render", "video")
 
@@ -610,13 +610,13 @@ def failure_message(host: str, problems: list[str]) -> str:
 
 
 # --- the stack as a rollout target (deploys/upgrade.py, deploys/rollback.py) ---------------------
-# A GPU-stack change on a host that serves is a move of the rollout (FLEET.md): the host leaves
+# A GPU-stack change on a host that serves is a move of the rollout (docs/rollout.md): the host leaves
 # rotation, its engines stop, the held set changes, it reboots if the loaded module differs, it is
 # verified and admitted, and only then serves again. The host records the stack it was moved to
 # and the one before, so deploys/rollback.py can go back to the previous pinned stack.
 
-STACK_RECORD = "/var/lib/gpuserve-stack/record.json"   # root-only, beside nothing the service user reads
-STACK_MOVING = "/var/lib/gpuserve-stack/moving"       # a stack move began here and has not finished
+STACK_RECORD = layout.STACK_RECORD   # root-only, beside nothing the service user reads
+STACK_MOVING = layout.STACK_MOVING   # a stack move began here and has not finished
 PIN_KEYS = ("driver_version", "flavour", "cuda_toolkit", "dcgm", "dcgm_version", "rocm_version")
 
 

@@ -409,7 +409,7 @@ def fanout_start(settings: HostSettings) -> None:
                     dest=layout.FANOUT_JOB, user="root", group="root", mode="600")
     unit = files.template(name=f"Fan-out unit {layout.FANOUT_UNIT}",
                           src=str(TEMPLATES / "gpuserve-weights-fetch.service.j2"),
-                          dest=f"/etc/systemd/system/{layout.FANOUT_UNIT}", label=target.label,
+                          dest=layout.systemd_unit_path(layout.FANOUT_UNIT), label=target.label,
                           agent=f"{layout.AGENT_DIR}/fanout_agent.py", job=layout.FANOUT_JOB,
                           repo_dir=target.repo_dir, user="root", group="root", mode="644")
     systemd.daemon_reload(name="systemd: reload units (fan-out)", _if=unit.did_change)

@@ -25,7 +25,7 @@ from gpuserve.layers.context import host_settings
 from gpuserve.rollout import StackMove
 from gpuserve.release_files import probe_url
 
-DOWNLOADS = "/var/cache/gpuserve"
+DOWNLOADS = layout.DOWNLOADS_DIR
 
 
 @deploy("GPU stack")
@@ -159,7 +159,7 @@ def _nvidia(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool):
 
 
 def _amd(s: stack.StackSettings, os: str, deb_arch: str, disruptive: bool):
-    files.directory(name="apt keyrings", path="/etc/apt/keyrings", mode="755")
+    files.directory(name="apt keyrings", path=layout.APT_KEYRINGS_DIR, mode="755")
     files.download(name="Download the ROCm repository key", src=stack.rocm_key_url(s),
                    dest=stack.ROCM_KEY, mode="644")
     files.put(name=f"ROCm {s.rocm_version} repository sources",

@@ -21,7 +21,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, gateway, proxy_conf, rollout
+from gpuserve import api_keys, certs, gateway, layout, proxy_conf, rollout
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan, SecretInstall
 from gpuserve.layers import secrets_ops
@@ -46,10 +46,10 @@ RELOAD_AND_WAIT = (
 
 
 def conf_path(deployment: str) -> str:
-    return f"/etc/nginx/conf.d/gpuserve-{deployment}.conf"
+    return layout.proxy_site(deployment)
 
 
-DROPIN = "/etc/systemd/system/nginx.service.d/gpuserve.conf"
+DROPIN = layout.NGINX_DROPIN_PATH
 # nginx's restart and reload are tried up to twice more, 3 s apart, before the host fails: in
 # one CI run under load, a fresh host's restart and the other host's reload failed, and the
 # module's 8 tests passed here on the same code. The cause is unknown (CI kept only pyinfra's
@@ -108,7 +108,7 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     if not settings.proxy:
         return
     apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
-    default_site = files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default",
+    default_site = files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE,
                               present=False)
     # 0711: nginx's workers (www-data) only stat the drain flag here by name; they cannot list
     # the directory, and the keys, the engine's key and the TLS key in it are root 0600 (read by

@@ -1,4 +1,4 @@
-"""Rotation: the first and last steps of every move (FLEET.md), for one deployment on one host.
+"""Rotation: the first and last steps of every move (docs/rollout.md), for one deployment on one host.
 
     out       take the deployment out of rotation: out of every gateway's worker file (smg drains
               it), and the proxy's /health answers 503; without gateways, wait drain_s

@@ -24,7 +24,9 @@ from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.facts.server import Home
 
-STAGING = "/etc/gpuserve/.staging"   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
+from gpuserve import layout
+
+STAGING = layout.SECRETS_STAGING_DIR   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
 UPLOAD_DIR = ".gpuserve-upload"      # in the login user's home, 0700: where it uploads under sudo
 
 

@@ -1,4 +1,5 @@
-"""The GPU-stack move: a driver (or ROCm) change on a host that serves, as one step of a rollout.
+"""The GPU-stack move and the OS-update move (deploys/patch.py) of a rollout, on a host that
+serves: a driver (or ROCm) change, or `apt-get upgrade` within the holds. docs/rollout.md.
 
     out       every deployment out of rotation (gpuserve.layers.rotation), drained
     stop      every engine stopped

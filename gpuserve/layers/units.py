@@ -1,4 +1,7 @@
-"""Service layer: each deployment's release files, its systemd unit, and a readiness gate.
+"""The service layer (its file is named units.py; its deploy is "Service"): per deployment its
+release files, secrets, systemd unit, the converge's start and readiness gate, and release
+retention; and ``gate_after_reboot``, which starts and gates engines after deploys/gpu_stack.py
+rebooted a host.
 
 A converge (deploys/serve.py) installs the desired release beside the others. It points
 ``current`` at it and starts the engine only when that costs no serving capacity: on a fresh
@@ -34,7 +37,7 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "templates"   # inside the pac
 
 
 def unit_path(deployment: str) -> str:
-    return f"/etc/systemd/system/{layout.unit_name(deployment)}"
+    return layout.unit_path(deployment)
 
 
 def _secrets_content(plan: HostPlan, name: str) -> str | None:
@@ -76,7 +79,8 @@ def service(plan: HostPlan, *, start: bool = True, removed: Sequence[Release] = 
     _retention(plan, pointers, removed)
 
 
-def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> None:
+def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[str | None, str | None]:
+    """Install one deployment; its (current, previous) releases after this run, for retention."""
     settings, where, rendered = plan.settings, plan.deployment(dep.name), plan.release(dep.name)
     name, rid = dep.name, rendered.id
     serve = plan.serve_configs[name]   # rendered once, by validation

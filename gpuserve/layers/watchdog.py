@@ -23,7 +23,7 @@ from gpuserve.release_files import probe_url, secrets_env_path
 
 PROGRAM_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-watchdog"
 PROGRAM = f"{layout.OPT_DIR}/bin/gpuserve-watchdog"
-UNIT = "/etc/systemd/system/gpuserve-watchdog@.service"
+UNIT = layout.WATCHDOG_UNIT_PATH
 
 
 def unit_name(deployment: str) -> str:

@@ -1,4 +1,9 @@
-"""The NVIDIA recipes reproduce the seed commands token for token (JSON compared as JSON)."""
+"""The NVIDIA recipes reproduce the seed commands token for token (JSON compared as JSON).
+
+The seed commands are the verbatim copies in tests/unit/fixtures/seed_*.sh. Only
+test_fixture_is_verbatim_from_the_seed reads the original seed document, which is not in the
+repository: it looks for it beside the checkout (../shared/seeds/), and skips when it is absent.
+"""
 
 from __future__ import annotations
 
