@@ -38,7 +38,7 @@ Moves (pure: which host moves when, and the commands of one move; docs/rollout.m
     canary          the canary bake's Prometheus queries and their verdicts
 The control node
     checkpoints     resolve, download once, verify a model revision (the weights layer's side)
-    fanout          host-to-host weights fan-out: who sends which shard to whom (pure; opt-in, unfinished)
+    fanout          host-to-host weights fan-out: who sends which shard to whom (pure; opt-in)
     fanout_agent    the fan-out's host agent and its fleet key's forced command (standard library)
     fanout_push     the control node's part of the fan-out: each stripe once, to its root
     wheelhouse      an engine's wheels gathered once for offline installs

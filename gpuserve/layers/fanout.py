@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,18 +118,22 @@ def fleet_key(cache: str) -> str:
     path = os.path.join(checkpoints.cache_root(cache), "fanout", "id_ed25519")
     if not os.path.isfile(path):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        for stale in (tmp, tmp + ".pub"):
-            if os.path.exists(stale):
-                os.unlink(stale)
-        made = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                               "gpuserve weights fan-out", "-f", tmp], capture_output=True,
-                              stdin=subprocess.DEVNULL, check=False)
-        if made.returncode != 0:
-            raise w.WeightsError(f"ssh-keygen could not make the fleet's fan-out key {path}: "
-                                 f"{made.stderr.decode(errors='replace').strip()}")
-        os.replace(tmp + ".pub", path + ".pub")
-        os.replace(tmp, path)
+        # pyinfra prepares hosts in parallel greenlets of one process: each call makes its key in
+        # a private directory (a shared name made ssh-keygen ask "Overwrite?" and fail), and the
+        # first to finish wins; no greenlet switch happens between the check and the renames
+        tmpdir = tempfile.mkdtemp(prefix=".keygen-", dir=os.path.dirname(path))
+        try:
+            made = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                                   "gpuserve weights fan-out", "-f", os.path.join(tmpdir, "k")],
+                                  capture_output=True, stdin=subprocess.DEVNULL, check=False)
+            if made.returncode != 0:
+                raise w.WeightsError(f"ssh-keygen could not make the fleet's fan-out key {path}: "
+                                     f"{made.stderr.decode(errors='replace').strip()}")
+            if not os.path.isfile(path):
+                os.replace(os.path.join(tmpdir, "k.pub"), path + ".pub")
+                os.replace(os.path.join(tmpdir, "k"), path)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
     return path
 
 
@@ -201,7 +206,7 @@ def push(settings: HostSettings):
     yield FunctionCommand(go, (), {})
 
 
-_pushers: dict[tuple[int, str], tuple[subprocess.Popen, str]] = {}
+_pushers: dict[tuple[int, str], tuple[subprocess.Popen | None, str]] = {}
 
 
 def start_pusher(state: Any, fleet: Fleet, settings: HostSettings) -> str:
@@ -209,6 +214,11 @@ def start_pusher(state: Any, fleet: Fleet, settings: HostSettings) -> str:
     key = (id(state), fleet.manifest.revision)
     if key in _pushers:
         return _pushers[key][1]
+    workdir = os.path.join(checkpoints.cache_root(fleet.cache), "fanout")
+    state_path = os.path.join(workdir, f"push-{fleet.manifest.revision}.state.json")
+    # claimed before anything that yields (subprocess, ssh facts): every host's greenlet runs this
+    # op, and a second pusher would send (and download) the checkpoint again
+    _pushers[key] = (None, state_path)
     everyone = all_settings()
     targets = []
     for j in range(len(fleet.plan.stripes)):
@@ -227,10 +237,8 @@ def start_pusher(state: Any, fleet: Fleet, settings: HostSettings) -> str:
                         "rsync_path": ["--rsync-path=sudo -n rsync"] if args else []})
         targets.append(row)
     target = Target.of(settings)
-    workdir = os.path.join(checkpoints.cache_root(fleet.cache), "fanout")
     os.makedirs(workdir, mode=0o700, exist_ok=True)
     job_path = os.path.join(workdir, f"push-{fleet.manifest.revision}.json")
-    state_path = os.path.join(workdir, f"push-{fleet.manifest.revision}.state.json")
     if os.path.exists(state_path):
         os.unlink(state_path)
     job = {"source": dataclasses.asdict(target.source), "sha": target.sha, "cache": target.cache,

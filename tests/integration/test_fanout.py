@@ -2,15 +2,13 @@
 real sandbox hosts, the real pyinfra command, the control node's pusher and each host's
 ``gpuserve-weights-fetch`` unit, rsync over SSH with the fleet key between the hosts.
 
-A checkpoint of 8 shards travels in 2 stripes (degree 2). Each transfer is limited to 256 KiB/s
+A checkpoint of 8 shards travels in 2 stripes (degree 2). Each transfer is limited to 128 KiB/s
 (``weights_bwlimit_kib``) so the copy lasts long enough to kill an interior parent mid-copy: its
 child must take the rest from another holder, every live host must end verified, and the control
 node must still have sent each byte about once. In file order: the killed parent, then a rerun
 over the live hosts that changes nothing, then the key's limits as a peer sees them.
 
-NOT PASSING YET (marked slow, left out of the default run): at the commit that added it, the
-first test failed: pyinfra ended before the victim host had verified a shard (the run's log was
-not kept). Issue 24 stays open until it passes and joins the default run.
+In the default run (about a minute).
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ def cache(tmp_path_factory):
 
 def data(ckpt, cache) -> list[str]:
     return ["--data", "weights_fanout=hosts", "--data", f"model_repo={MODEL}",
-            "--data", f"model_revision={ckpt['sha']}", "--data", "weights_bwlimit_kib=256",
+            "--data", f"model_revision={ckpt['sha']}", "--data", "weights_bwlimit_kib=128",
             "--data", "weights_progress_s=2", "--data", f"weights_cache={cache}"]
 
 
@@ -82,12 +80,11 @@ def progress(sandbox, host, sha: str) -> dict:
 
 
 def kill_host(sandbox, host) -> None:
-    """The host dies at once (SIGKILL to its container): no shutdown, its connections reset."""
-    pid = int((sandbox.host_dir(host) / "nspawn.pid").read_text())
-    os.kill(pid, signal.SIGKILL)
+    """The host goes away for good: powered off, its network namespace removed (a SIGKILL of its
+    container is not enough: the sandbox's nspawn loop boots it again, and the copy resumes)."""
+    sandbox._stop(host)
 
 
-@pytest.mark.slow
 def test_a_parent_killed_mid_copy_does_not_stop_its_children(sandbox, hosts, ckpt, cache, sandbox_hub):
     names = [h.name for h in hosts]
     plan = fanout.plan(names, {p: SHARD for p in ckpt["files"]}, 2)
@@ -143,14 +140,12 @@ def test_a_parent_killed_mid_copy_does_not_stop_its_children(sandbox, hosts, ckp
           f"{ckpt['total']}-byte checkpoint; {orphan_name}: {notes}")
 
 
-@pytest.mark.slow
 def test_a_rerun_over_the_live_hosts_changes_nothing(sandbox, hosts, ckpt, cache, pyinfra):
     live = [h.name for h in hosts if sums(sandbox, h, ckpt["sha"])]
     run = pyinfra(INVENTORY, DEPLOY, *data(ckpt, cache), "--limit", ",".join(live)).check()
     assert run.changed == 0, run.output[-3000:]
 
 
-@pytest.mark.slow
 def test_the_fleet_key_reads_checkpoints_and_nothing_else(sandbox, hosts, ckpt):
     a, b = [h for h in hosts if sums(sandbox, h, ckpt["sha"])][:2]
     ssh = (f"ssh -i {layout.FANOUT_KEY} -o IdentitiesOnly=yes -o BatchMode=yes "
