@@ -35,7 +35,6 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, deploy, operation
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.context import ctx_state
 from pyinfra.operations import apt, files, server, systemd
 
@@ -45,7 +44,8 @@ from gpuserve import weights as w
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
 from gpuserve.layers.secrets_ops import secret_file
-from gpuserve.layers.weights import Target, _call, _die_with_parent, _state, _todo, checkpoint_space, ssh_command
+from gpuserve.layers.weights import (Target, _call, _die_with_parent, _state, _todo, checkpoint_space,
+                                     connector_args, planned_state, ssh_command)
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 STALL_S = 900       # no byte moved on a host for this long: the wait fails, naming what is stuck
@@ -166,8 +166,7 @@ def job_for(fleet: Fleet, settings: HostSettings, target: Target) -> dict[str, A
 @operation()
 def begin(target: Target, restart: bool):
     """Stage ``<sha>.partial/`` (hardlinks, space) and start the host's fetch unit."""
-    connector_args = {k: v for k, v in (host.current_op_global_arguments or {}).items()
-                      if k in CONNECTOR_ARGUMENT_KEYS and k != "_stdin"}
+    conn = connector_args()
 
     def go(state: Any, host: Any) -> bool:
         manifest = _fleet_manifest(target)
@@ -175,13 +174,13 @@ def begin(target: Target, restart: bool):
             prep = _call(host, "prepare", {"repo_dir": target.repo_dir,
                                            "manifest": manifest.to_json(records=False),
                                            "margin": target.margin, "where": target.host},
-                         connector_args)
+                         conn)
         except w.WeightsError as exc:
             host.log_styled(str(exc), fg="red", log_func=logger.error)
             return False
         verb = "restart" if restart else "start"
         ok, out = host.run_shell_command(f"systemctl enable {layout.FANOUT_UNIT} >/dev/null 2>&1; "
-                                         f"systemctl {verb} {layout.FANOUT_UNIT}", **connector_args)
+                                         f"systemctl {verb} {layout.FANOUT_UNIT}", **conn)
         host.log_styled(f"weights fan-out: {len(prep['transfer'])} file(s) to fetch "
                         f"({w.human(prep['need_bytes'])}), {prep['link']} hardlinked; "
                         f"{layout.FANOUT_UNIT} started", log_func=logger.info)
@@ -227,7 +226,7 @@ def start_pusher(state: Any, fleet: Fleet, settings: HostSettings) -> str:
             h = state.inventory.get_host(name)
             t = Target.of(everyone[name])
             ssh, address = ssh_command(h)
-            st = _states_of(state, name, t)
+            st = planned_state(state, name, t)
             args = h.data.get("_sudo") or h.data.get("ssh_user") not in (None, "root")
             row.append({"name": name, "ssh": shlex.join(ssh), "address": address,
                         "incoming": f"{w.partial_dir(t.repo_dir, t.sha)}/{w.INCOMING}",
@@ -254,11 +253,6 @@ def start_pusher(state: Any, fleet: Fleet, settings: HostSettings) -> str:
                 f"{', '.join(sorted({fleet.plan.root(j) for j in range(len(fleet.plan.stripes))}))}; "
                 f"{len(fleet.hosts)} host(s) feed each other")
     return state_path
-
-
-def _states_of(state: Any, name: str, t: Target) -> dict[str, Any]:
-    from gpuserve.layers import weights as wl
-    return wl._states.get((id(state), name, t.repo_dir, t.sha), {})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,18 +289,17 @@ def fleet_line(docs: dict[str, dict[str, Any]], expected: int, now: float) -> st
 @operation()
 def wait(settings: HostSettings, target: Target):
     """Wait for the host's fetch unit: progress lines while it runs; disable it when done."""
-    connector_args = {k: v for k, v in (host.current_op_global_arguments or {}).items()
-                      if k in CONNECTOR_ARGUMENT_KEYS and k != "_stdin"}
+    conn = connector_args()
     fleet = fleet_of(settings)
 
     def go(state: Any, host: Any) -> bool:
-        return _wait(state, host, fleet, settings, target, connector_args)
+        return _wait(state, host, fleet, settings, target, conn)
 
     yield FunctionCommand(go, (), {})
 
 
-def _read_progress(host: Any, path: str, connector_args: dict) -> dict[str, Any] | None:
-    ok, out = host.run_shell_command(f"cat {shlex.quote(path)} 2>/dev/null || true", **connector_args)
+def _read_progress(host: Any, path: str, conn: dict) -> dict[str, Any] | None:
+    ok, out = host.run_shell_command(f"cat {shlex.quote(path)} 2>/dev/null || true", **conn)
     text = "".join(out.stdout_lines).strip() if ok else ""
     try:
         return json.loads(text) if text.startswith("{") else None
@@ -315,7 +308,7 @@ def _read_progress(host: Any, path: str, connector_args: dict) -> dict[str, Any]
 
 
 def _wait(state: Any, host: Any, fleet: Fleet, settings: HostSettings, target: Target,
-          connector_args: dict) -> bool:
+          conn: dict) -> bool:
     key = (id(state), target.sha)
     docs = _progress.setdefault(key, {})
     path = layout.fanout_progress(target.repo_dir, target.sha)
@@ -324,7 +317,7 @@ def _wait(state: Any, host: Any, fleet: Fleet, settings: HostSettings, target: T
     last_line = last_move_at = time.monotonic()
     last_done, seen_notes, seen_push = -1, 0, 0
     while True:
-        doc = _read_progress(host, path, connector_args)
+        doc = _read_progress(host, path, conn)
         now = time.monotonic()
         if doc and doc.get("revision") == target.sha:
             docs[host.name] = doc
@@ -338,7 +331,7 @@ def _wait(state: Any, host: Any, fleet: Fleet, settings: HostSettings, target: T
                 host.log_styled(f"weights fan-out: {target.label} verified in {target.final} "
                                 f"({progress_line(doc, time.time())})", log_func=logger.info)
                 host.run_shell_command(f"systemctl disable --now {layout.FANOUT_UNIT} >/dev/null 2>&1; "
-                                       f"rm -f {layout.FANOUT_JOB}", **connector_args)
+                                       f"rm -f {layout.FANOUT_JOB}", **conn)
                 return True
             if doc.get("state") == "failed":
                 host.log_styled(f"{host.name}: weights fan-out of {target.label} failed: "

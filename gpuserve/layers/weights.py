@@ -88,8 +88,24 @@ class Target:
 _states: dict[tuple[int, str, str, str], dict[str, Any]] = {}
 
 
+def _state_key(state: Any, name: str, t: Target) -> tuple[int, str, str, str]:
+    return (id(state), name, t.repo_dir, t.sha)
+
+
+def planned_state(state: Any, name: str, t: Target) -> dict[str, Any]:
+    """Another host's plan-time state of the revision, as its own deploy read it ({} if none)."""
+    return _states.get(_state_key(state, name, t), {})
+
+
+def connector_args() -> dict[str, Any]:
+    """The current operation's connection arguments (``_sudo`` ...), for commands run from a
+    FunctionCommand; ``_stdin`` is the command's own."""
+    return {k: v for k, v in (host.current_op_global_arguments or {}).items()
+            if k in CONNECTOR_ARGUMENT_KEYS and k != "_stdin"}
+
+
 def _state(t: Target) -> dict[str, Any]:
-    key = (id(host.state), host.name, t.repo_dir, t.sha)
+    key = _state_key(host.state, host.name, t)
     if key not in _states:
         found = host.get_fact(CheckpointState, repo_dir=t.repo_dir, sha=t.sha, verify=t.verify)
         _states[key] = found if isinstance(found, dict) else {
@@ -153,9 +169,7 @@ def checkpoint(target: Target):
     st = _state(target)
     if not _todo(st):
         return
-    connector_args = {k: v for k, v in (host.current_op_global_arguments or {}).items()
-                      if k in CONNECTOR_ARGUMENT_KEYS and k != "_stdin"}
-    yield FunctionCommand(_sync, (target, st, connector_args), {})
+    yield FunctionCommand(_sync, (target, st, connector_args()), {})
 
 
 def _sync(state: Any, host: Any, target: Target, st: dict[str, Any], connector_args: dict) -> bool:
