@@ -17,14 +17,17 @@ to the root, then every other host. A host whose parent stops answering takes th
 next source that has it (the run says so); the control node re-targets a stripe whose root stops
 answering to the next interior host of that tree (:func:`push_targets`).
 
-Standard library only, and no host access: the weights layer turns a :class:`FanoutPlan` into each
-host's job (``gpuserve.fanout_agent``) and the control node's push.
+Standard library only (gpuserve.weights is too), and no host access: the weights layer turns a
+:class:`FanoutPlan` into each host's job (``gpuserve.fanout_agent``) and the control node's push.
+The progress lines the run and ``gpuserve status`` print come from here as well.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from gpuserve.weights import human
 
 
 class FanoutError(ValueError):
@@ -141,3 +144,36 @@ def predicted_stage_copies(p: FanoutPlan) -> float:
         n = max(1, len(paths))
         worst = max(worst, (n + p.depth(j) - 1) / n)
     return worst
+
+
+# --------------------------------------------------------------------------------------------------
+# Progress, as the run and `gpuserve status` print it, from the agents' progress files
+# --------------------------------------------------------------------------------------------------
+
+
+def progress_line(doc: Mapping[str, Any], now: float) -> str:
+    """``412.0 MiB / 1.0 GiB (40%), 12.3 MiB/s, ETA 48 s`` from one host's progress file. The rate
+    is the agent's over its last 30 s (``rate_bps``); an older file's, since the agent started."""
+    total, done = doc.get("total_bytes", 0), doc.get("done_bytes", 0)
+    if "rate_bps" in doc:
+        rate = float(doc["rate_bps"])
+    else:
+        moved = max(0, done - doc.get("linked_bytes", 0))
+        rate = moved / max(1e-3, now - doc.get("started", now))
+    left = total - done
+    eta = "done" if left <= 0 else (f"ETA {left / rate:.0f} s" if rate > 0 else "ETA ?")
+    pct = 100 * done / total if total else 100
+    return f"{human(done)} / {human(total)} ({pct:.0f}%), {human(rate)}/s, {eta}"
+
+
+def fleet_line(docs: Mapping[str, Mapping[str, Any]], expected: int, now: float) -> str:
+    """``fleet: 3/8 host(s) done, ...``: the hosts' files summed (rates too)."""
+    agg: Dict[str, Any] = {
+        "total_bytes": sum(d.get("total_bytes", 0) for d in docs.values()),
+        "done_bytes": sum(d.get("done_bytes", 0) for d in docs.values()),
+        "linked_bytes": sum(d.get("linked_bytes", 0) for d in docs.values()),
+        "started": min((d.get("started", now) for d in docs.values()), default=now)}
+    if docs and all("rate_bps" in d for d in docs.values()):
+        agg["rate_bps"] = sum(d["rate_bps"] for d in docs.values() if d.get("state") == "running")
+    finished = sum(1 for d in docs.values() if d.get("state") == "complete")
+    return f"fleet: {finished}/{expected} host(s) done, {progress_line(agg, now)}"

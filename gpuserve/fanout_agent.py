@@ -44,6 +44,7 @@ PARENT_WAIT_S = 10          # long-poll on the stripe's parent
 OTHER_WAIT_S = 2            # on a fallback source
 DEAD_FOR_S = 20             # a source that did not answer is skipped this long
 PUSH_QUIET_S = 60           # a root takes its stripe from other hosts after this long without a push
+RATE_WINDOW_S = 30          # the progress file's rate: bytes moved over the last this many seconds
 # rsync exits that mean the other side is gone (not that the file is missing there)
 RSYNC_GONE = {5, 10, 12, 30, 35, 255}
 _REL = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
@@ -113,6 +114,7 @@ class Agent:
         self.error = ""
         self.started = time.time()
         self.linked_bytes = 0
+        self.samples: List[Tuple[float, int]] = []   # (time, bytes moved): the rate's window
 
     # -- helpers ---------------------------------------------------------------------------------
     def ssh_argv(self) -> List[str]:
@@ -281,11 +283,21 @@ class Agent:
                    "events": list(self.events), "notes": list(self.notes[-50:])}
         doc["done_bytes"] = min(doc["total_bytes"], verified + (self.in_flight()
                                                                 if doc["state"] == "running" else 0))
+        doc["rate_bps"] = self.rate(doc["updated"], doc["done_bytes"] - self.linked_bytes)
         path = self.job["progress"]
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(doc, fh)
         os.replace(tmp, path)
+
+    def rate(self, now: float, moved: int) -> float:
+        """Bytes per second over the last RATE_WINDOW_S (since the start until then): what the
+        copy does now, not its average since a stall or a fallback."""
+        self.samples.append((now, moved))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
+            self.samples.pop(0)
+        t0, m0 = self.samples[0] if len(self.samples) > 1 else (self.started, 0)
+        return max(0.0, (moved - m0) / (now - t0)) if now > t0 else 0.0
 
     # -- the whole run ---------------------------------------------------------------------------
     def run(self) -> int:

@@ -10,6 +10,7 @@ reads, made without the engine spec (no wheelhouse read).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 import click
@@ -17,7 +18,9 @@ import gevent
 from pyinfra.api import Config, FactBase, State
 from pyinfra.api.connect import connect_all, disconnect_all
 
+from gpuserve import fanout, layout
 from gpuserve.config import ConfigError, validate_inventory
+from gpuserve.facts.checkpoints import FanoutProgress
 from gpuserve.facts.gpus import Gpus
 from gpuserve.facts.deployment import Deployment
 from gpuserve.host_plan import HostPlan, plan_host
@@ -84,6 +87,22 @@ class Row:
     models: str
     gpus: str
     proxy: str = "-"
+    staging: str = ""   # a weights fan-out copy on the host, printed below the table
+
+
+COLUMNS = ["host", "deployment", "release", "previous", "health", "models", "gpus", "proxy"]
+
+
+def staging_line(docs: list[dict], now: float) -> str:
+    """The host's weights fan-out copy still running (or failed), as the run prints it; "" when
+    none is."""
+    for doc in docs:   # newest first
+        label = f"{doc.get('repo', '?')}@{str(doc.get('revision', ''))[:12]}"
+        if doc.get("state") == "running":
+            return f"{label}: {fanout.progress_line(doc, now)}"
+        if doc.get("state") == "failed":
+            return f"{label}: failed: {doc.get('error') or '?'}"
+    return ""
 
 
 def _gpus(report) -> str:
@@ -108,6 +127,10 @@ def _host_rows(host, plan: HostPlan) -> list[Row]:
     gpus = _gpus(host.get_fact(Gpus))
     proxy = (proxy_state(*host.get_fact(UnitResult, unit="nginx.service"))
              if plan.settings.proxy else "-")
+    staging = ""
+    if plan.settings.weights_fanout == "hosts":
+        repo_dir = layout.model_repo_dir(plan.settings.nvme_path, plan.settings.model_repo)
+        staging = staging_line(host.get_fact(FanoutProgress, repo_dir=repo_dir), time.time())
     rows = []
     for dep in plan.deployments.values():
         url = probe_url(dep.serve_host, dep.serve_port, "")
@@ -116,7 +139,8 @@ def _host_rows(host, plan: HostPlan) -> list[Row]:
         _, result = host.get_fact(UnitResult, unit=dep.unit)
         health = engine_health(st.active_state, result, st.health, st.drained)
         rows.append(Row(host.name, dep.name, st.current or "-", st.previous or "-", health,
-                        ",".join(engine.get("models") or []) or "-", gpus, proxy))
+                        ",".join(engine.get("models") or []) or "-", gpus, proxy, staging))
+        staging = ""   # once per host
     return rows
 
 
@@ -154,9 +178,10 @@ def collect(inventory, limit: list[str] | None = None, timeout: float = HOST_TIM
 def render_table(rows: list[Row]) -> str:
     header = Row("HOST", "DEPLOYMENT", "RELEASE", "PREVIOUS", "HEALTH", "SERVED MODEL", "GPUS", "PROXY")
     table = [header, *rows]
-    fields = list(Row.__dataclass_fields__)
-    widths = {f: max(len(getattr(r, f)) for r in table) for f in fields}
-    return "\n".join("  ".join(getattr(r, f).ljust(widths[f]) for f in fields).rstrip() for r in table)
+    widths = {f: max(len(getattr(r, f)) for r in table) for f in COLUMNS}
+    text = "\n".join("  ".join(getattr(r, f).ljust(widths[f]) for f in COLUMNS).rstrip() for r in table)
+    staging = [f"  {r.host}  {r.staging}" for r in rows if r.staging]
+    return text + ("\n\nweights staging (fan-out):\n" + "\n".join(staging) if staging else "")
 
 
 @click.command()
@@ -165,7 +190,8 @@ def render_table(rows: list[Row]) -> str:
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP|GLOB",
               help="Only these hosts, as pyinfra's --limit.")
 def status(inventory: str, data: tuple[str, ...], limit: tuple[str, ...]) -> None:
-    """Per host and deployment: current and previous release, health, served model, GPUs, proxy.
+    """Per host and deployment: current and previous release, health, served model, GPUs, proxy;
+    below the table, each weights fan-out copy still running (bytes, rate, ETA) or failed.
 
     Exits 1 when a host is unreachable or does not answer, an engine is not healthy (or gave up
     restarting), a host is drained, or its proxy is not active."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from gpuserve import weights
+from gpuserve import layout, weights
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,3 +64,24 @@ class CheckpointState(FactBase):
             return parse_output(output)
         except ValueError as exc:
             return {"error": str(exc)}
+
+
+class FanoutProgress(FactBase):
+    """The fan-out agent's progress files in one model repository directory (``weights_fanout =
+    "hosts"``): a list of their JSON documents, one per revision staged that way, newest first."""
+
+    def command(self, repo_dir: str) -> str:
+        pattern = layout.fanout_progress(shlex.quote(repo_dir), "*")
+        return (f"ls -t {pattern} 2>/dev/null | while read -r f; do tr -d '\\n' < \"$f\"; echo; done; "
+                "true")
+
+    def process(self, output: list[str]) -> list[dict[str, Any]]:
+        docs = []
+        for line in output:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                docs.append(doc)
+        return docs

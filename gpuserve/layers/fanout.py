@@ -45,7 +45,7 @@ from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
 from gpuserve.layers.secrets_ops import secret_file
 from gpuserve.layers.weights import (Target, _call, _die_with_parent, _state, _todo, checkpoint_space,
-                                     connector_args, planned_state, ssh_command)
+                                     connector_args, planned_state, rsync_path_args, ssh_command)
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 STALL_S = 900       # no byte moved on a host for this long: the wait fails, naming what is stuck
@@ -227,13 +227,13 @@ def start_pusher(state: Any, fleet: Fleet, settings: HostSettings) -> str:
             t = Target.of(everyone[name])
             ssh, address = ssh_command(h)
             st = planned_state(state, name, t)
-            args = h.data.get("_sudo") or h.data.get("ssh_user") not in (None, "root")
             row.append({"name": name, "ssh": shlex.join(ssh), "address": address,
                         "incoming": f"{w.partial_dir(t.repo_dir, t.sha)}/{w.INCOMING}",
                         "have": sorted(set(st.get("have", [])) |
                                        (set(fleet.manifest.files) if st.get("status") == "complete"
                                         else set())),
-                        "rsync_path": ["--rsync-path=sudo -n rsync"] if args else []})
+                        # as rsync_to_host does it for the control-node mode
+                        "rsync_path": rsync_path_args({k: h.data.get(k) for k in ("_sudo", "_sudo_user")})})
         targets.append(row)
     target = Target.of(settings)
     os.makedirs(workdir, mode=0o700, exist_ok=True)
@@ -262,28 +262,6 @@ def start_pusher(state: Any, fleet: Fleet, settings: HostSettings) -> str:
 
 _progress: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}
 _fleet_line_at: dict[tuple[int, str], float] = {}
-
-
-def progress_line(doc: dict[str, Any], now: float) -> str:
-    """``412.0 MiB / 1.0 GiB (40%), 12.3 MiB/s, ETA 48 s``: from one progress document."""
-    total, done = doc.get("total_bytes", 0), doc.get("done_bytes", 0)
-    moved = max(0, done - doc.get("linked_bytes", 0))
-    elapsed = max(1e-3, now - doc.get("started", now))
-    rate = moved / elapsed
-    left = total - done
-    eta = f"ETA {left / rate:.0f} s" if rate > 0 and left > 0 else ("done" if left <= 0 else "ETA ?")
-    pct = 100 * done / total if total else 100
-    return f"{w.human(done)} / {w.human(total)} ({pct:.0f}%), {w.human(rate)}/s, {eta}"
-
-
-def fleet_line(docs: dict[str, dict[str, Any]], expected: int, now: float) -> str:
-    total = sum(d.get("total_bytes", 0) for d in docs.values())
-    done = sum(d.get("done_bytes", 0) for d in docs.values())
-    finished = sum(1 for d in docs.values() if d.get("state") == "complete")
-    agg = {"total_bytes": total, "done_bytes": done,
-           "linked_bytes": sum(d.get("linked_bytes", 0) for d in docs.values()),
-           "started": min((d.get("started", now) for d in docs.values()), default=now)}
-    return f"fleet: {finished}/{expected} host(s) done, {progress_line(agg, now)}"
 
 
 @operation()
@@ -329,7 +307,7 @@ def _wait(state: Any, host: Any, fleet: Fleet, settings: HostSettings, target: T
                 last_done, last_move_at = doc.get("done_bytes", 0), now
             if doc.get("state") == "complete":
                 host.log_styled(f"weights fan-out: {target.label} verified in {target.final} "
-                                f"({progress_line(doc, time.time())})", log_func=logger.info)
+                                f"({fanout.progress_line(doc, time.time())})", log_func=logger.info)
                 host.run_shell_command(f"systemctl disable --now {layout.FANOUT_UNIT} >/dev/null 2>&1; "
                                        f"rm -f {layout.FANOUT_JOB}", **conn)
                 return True
@@ -338,7 +316,7 @@ def _wait(state: Any, host: Any, fleet: Fleet, settings: HostSettings, target: T
                                 f"{doc.get('error')}", fg="red", log_func=logger.error)
                 return False
             if now - last_line >= every:
-                host.log_styled(f"weights: {progress_line(doc, time.time())}", log_func=logger.info)
+                host.log_styled(f"weights: {fanout.progress_line(doc, time.time())}", log_func=logger.info)
                 last_line = now
         push = _read_local(push_state)
         if push:
@@ -351,7 +329,7 @@ def _wait(state: Any, host: Any, fleet: Fleet, settings: HostSettings, target: T
                 return False
         if now - _fleet_line_at.get(key, 0) >= every and docs:
             _fleet_line_at[key] = now
-            logger.info(f"    {fleet_line(docs, len(fleet.hosts), time.time())}")
+            logger.info(f"    {fanout.fleet_line(docs, len(fleet.hosts), time.time())}")
         if now - last_move_at > STALL_S:
             host.log_styled(f"{host.name}: weights fan-out of {target.label} made no progress for "
                             f"{STALL_S} s (see `journalctl -u {layout.FANOUT_UNIT}` on the host)",

@@ -138,3 +138,38 @@ def test_accept_file_publishes_a_verified_file_and_drops_a_bad_one(tmp_path):
     # the same file a second time (two sources): dropped, still ok
     open(os.path.join(inc, "a.bin"), "wb").write(good)
     assert w.accept_file(repo, m, os.path.join(inc, "a.bin"), "a.bin")["reason"] == "dup"
+
+
+# -- progress lines (the run's and `gpuserve status`'s) ---------------------------------------------
+
+
+def test_progress_line_says_bytes_rate_and_eta_from_the_agents_window():
+    doc = {"total_bytes": 4 << 30, "done_bytes": 1 << 30, "linked_bytes": 0, "started": 0.0,
+           "rate_bps": 64 << 20, "state": "running"}
+    # 3 GiB left at 64 MiB/s: 48 s, whatever the average since the start (1 GiB in 1000 s)
+    assert fanout.progress_line(doc, 1000.0) == "1.0 GiB / 4.0 GiB (25%), 64.0 MiB/s, ETA 48 s"
+    assert fanout.progress_line({**doc, "rate_bps": 0}, 1000.0).endswith("0 B/s, ETA ?")
+    assert fanout.progress_line({**doc, "done_bytes": 4 << 30}, 1000.0).endswith("done")
+    # a file of an older agent (no rate_bps): bytes moved (not hardlinked) since it started
+    old = {k: v for k, v in doc.items() if k != "rate_bps"} | {"linked_bytes": 512 << 20}
+    assert fanout.progress_line(old, 8.0) == "1.0 GiB / 4.0 GiB (25%), 64.0 MiB/s, ETA 48 s"
+
+
+def test_fleet_line_sums_the_hosts_and_counts_the_finished_ones():
+    run = {"total_bytes": 1 << 30, "done_bytes": 256 << 20, "started": 0.0, "rate_bps": 8 << 20,
+           "state": "running"}
+    done = {"total_bytes": 1 << 30, "done_bytes": 1 << 30, "started": 0.0, "rate_bps": 5 << 20,
+            "state": "complete"}
+    line = fanout.fleet_line({"a": run, "b": run, "c": done}, 4, 100.0)
+    # 3 GiB total, 1.5 GiB done; the finished host's last rate is not part of the fleet's now
+    assert line == "fleet: 1/4 host(s) done, 1.5 GiB / 3.0 GiB (50%), 16.0 MiB/s, ETA 96 s"
+
+
+def test_the_agents_rate_is_over_its_last_window_not_since_the_start():
+    a = agent.Agent.__new__(agent.Agent)
+    a.started, a.samples = 0.0, []
+    assert a.rate(10.0, 100 << 20) == pytest.approx(10 << 20)    # 100 MiB in the first 10 s
+    for t in range(11, 200):                                      # then a stall ...
+        a.rate(float(t), 100 << 20)
+    assert a.rate(200.0, 100 << 20) == 0.0                        # ... shows as 0 B/s, not 0.5
+    assert a.rate(230.0, 400 << 20) == pytest.approx(10 << 20, rel=0.05)  # and the pick-up at once

@@ -1,7 +1,7 @@
 import pytest
 
 from gpuserve.layers.proxy import keys_map
-from gpuserve.status import Row, UnitResult, engine_health, proxy_state, render_table
+from gpuserve.status import Row, UnitResult, engine_health, proxy_state, render_table, staging_line
 
 
 def test_keys_map_lists_each_accepted_header():
@@ -20,6 +20,23 @@ def test_status_table_aligns_columns():
                               "GPUS", "PROXY"]
     assert row.index("minimax") == header.index("DEPLOYMENT")
     assert row.index("tiny") == header.index("SERVED MODEL")
+
+
+def test_status_shows_a_running_fan_out_copy_below_the_table_and_a_failed_one():
+    running = {"repo": "org/m", "revision": "a" * 40, "state": "running", "total_bytes": 4 << 30,
+               "done_bytes": 1 << 30, "rate_bps": 64 << 20, "started": 0.0}
+    done = {**running, "revision": "b" * 40, "state": "complete", "done_bytes": 4 << 30}
+    line = staging_line([running, done], 100.0)
+    assert line == "org/m@aaaaaaaaaaaa: 1.0 GiB / 4.0 GiB (25%), 64.0 MiB/s, ETA 48 s"
+    assert staging_line([done], 100.0) == ""                 # nothing staging: no line
+    assert staging_line([{**running, "state": "failed", "error": "no space"}], 1.0) == \
+        "org/m@aaaaaaaaaaaa: failed: no space"
+    rows = [Row("sandbox-1", "minimax", "r-1", "-", "active, /health 200", "tiny", "none", "active", line),
+            Row("sandbox-2", "minimax", "r-1", "-", "active, /health 200", "tiny", "none", "active")]
+    text = render_table(rows)
+    table, below = text.split("\n\n")
+    assert len(table.splitlines()) == 3 and "GiB" not in table   # not a column of the table
+    assert below.splitlines() == ["weights staging (fan-out):", f"  sandbox-1  {line}"]
 
 
 def test_status_names_a_proxy_that_is_down_and_an_engine_that_gave_up():
