@@ -20,8 +20,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Dict, List
@@ -40,6 +43,21 @@ class Pusher:
         self.lock = threading.Lock()
         self.state = {"state": "running", "sent_bytes": 0, "files_sent": 0, "notes": [], "error": "",
                       "started": time.time(), "events": []}
+        # one SSH connection per target for all its files: a new one per file cost a handshake
+        # (and sudo) per shard, time the control node's uplink stood idle
+        self.control_dir = tempfile.mkdtemp(prefix="gpuserve-push-")
+
+    def ssh(self, target: Dict[str, Any]) -> str:
+        return (f"{target['ssh']} -o ControlMaster=auto -o ControlPersist=60 "
+                f"-o ControlPath={shlex.quote(self.control_dir)}/%C")
+
+    def close(self) -> None:
+        """End the shared connections and remove their directory."""
+        for row in self.job["targets"]:
+            for target in row:
+                subprocess.run([*shlex.split(self.ssh(target)), "-O", "exit", target["address"]],
+                               capture_output=True, check=False, timeout=30)
+        shutil.rmtree(self.control_dir, ignore_errors=True)
 
     def save(self) -> None:
         path = self.job["state"]
@@ -59,7 +77,7 @@ class Pusher:
         dest = f"{target['incoming']}/{PUSH_DIR}/"
         args = ["rsync", "--relative", "--times", "--chmod=D755,F644", "--mkpath", "--stats",
                 "--partial-dir=.rsync-partial", "--compare-dest=../../", "--timeout=60",
-                "-e", target["ssh"]] + target.get("rsync_path", [])
+                "-e", self.ssh(target)] + target.get("rsync_path", [])
         if self.job.get("bwlimit_kib"):
             args.append(f"--bwlimit={self.job['bwlimit_kib']}")
         args += [f"{src_dir.rstrip('/')}/./{path}", f"{target['address']}:{dest}"]
@@ -84,7 +102,7 @@ class Pusher:
                 target = targets[t]
                 if path in target.get("have", ()):
                     break
-                for attempt in range(1, TRIES + 1):
+                for _ in range(TRIES):
                     rc = self.send(src_dir, target, path)
                     if rc == 0 or rc not in RSYNC_GONE:
                         break
@@ -119,10 +137,13 @@ class Pusher:
                 errors.append(str(exc))
 
         threads = [threading.Thread(target=worker, args=(j,)) for j in range(len(job["stripes"]))]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        try:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        finally:
+            self.close()
         self.state.update(state="failed" if errors else "done", error="; ".join(errors),
                           finished=time.time())
         self.save()

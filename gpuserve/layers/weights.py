@@ -286,6 +286,15 @@ def _die_with_parent() -> None:
 _SENT = re.compile(r"Total bytes sent:\s*([\d,.]+)")
 
 
+def rsync_path_args(connector_args: dict) -> list[str]:
+    """rsync's ``--rsync-path`` for a host reached as a user that writes through sudo (``_sudo``,
+    ``_sudo_user``: the operation's connection arguments, or the host's data of those names)."""
+    if not connector_args.get("_sudo"):
+        return []
+    user = connector_args.get("_sudo_user")
+    return [f"--rsync-path=sudo -n {'-u ' + shlex.quote(user) + ' ' if user else ''}rsync"]
+
+
 def rsync_to_host(host: Any, src_dir: str, dest_dir: str, paths: list[str], bwlimit_kib: int | None,
                   connector_args: dict) -> int:
     """rsync ``paths`` (relative to ``src_dir``) into ``dest_dir`` on the host. ``--append-verify``
@@ -298,9 +307,7 @@ def rsync_to_host(host: Any, src_dir: str, dest_dir: str, paths: list[str], bwli
             "--files-from=-", "--stats", "--timeout=600", "-e", shlex.join(ssh)]
     if bwlimit_kib:
         args.append(f"--bwlimit={bwlimit_kib}")
-    if connector_args.get("_sudo"):
-        user = connector_args.get("_sudo_user")
-        args.append(f"--rsync-path=sudo -n {'-u ' + shlex.quote(user) + ' ' if user else ''}rsync")
+    args += rsync_path_args(connector_args)
     args += [src_dir.rstrip("/") + "/", f"{address}:{dest_dir.rstrip('/')}/"]
     proc = subprocess.run(args, input=b"\0".join(p.encode() for p in paths), capture_output=True,
                           preexec_fn=_die_with_parent, check=False)
