@@ -35,12 +35,16 @@ from gpuserve_sandbox.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 INV = "inventories/sandbox.py"
 
 
-def arguments(description: str, default_instance: int, hosts: int = 4) -> argparse.Namespace:
+def arguments(description: str, default_instance: int, hosts: int = 4,
+              extra=None) -> argparse.Namespace:
+    """The options every bench has; ``extra(parser)`` adds a bench's own."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--instance", type=int, default=default_instance,
                     help=f"sandbox instance to use (its hosts are replaced; default {default_instance})")
     ap.add_argument("--hosts", type=int, default=hosts, help=f"hosts to bring up (default {hosts})")
     ap.add_argument("--keep", action="store_true", help="leave the hosts up afterwards")
+    if extra:
+        extra(ap)
     return ap.parse_args()
 
 

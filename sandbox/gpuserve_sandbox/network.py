@@ -182,3 +182,42 @@ def stop_lxcfs(root: Path) -> None:
     mnt = root / "lxcfs"
     run(["umount", str(mnt)], check=False)
     signal_pidfile(root / "lxcfs.pid", signal.SIGTERM)   # lxcfs usually leaves by itself once unmounted
+
+
+# --- link shaping (benches): every link at the same rate, so bandwidth decides, not CPU ----------
+# tbf (token bucket) on each egress: the bridge device (what this machine, the control node, sends
+# to the hosts), each host's bridge-side veth (what the host receives) and each host's eth0 inside
+# its namespace (what it sends). netem is not in this kernel; tbf is.
+
+
+def shaped_links(instance: int, machines: list[str]) -> list[tuple[str | None, str]]:
+    """(network namespace or None for this machine, device) of every egress a sandbox link has."""
+    links: list[tuple[str | None, str]] = [(None, bridge_name(instance))]
+    for m in machines:
+        links += [(None, f"{m}h"), (m, "eth0")]
+    return links
+
+
+def _tc(ns: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run([*(["ip", "netns", "exec", ns] if ns else []), "tc", *args], check=check)
+
+
+def shape(instance: int, machines: list[str], rate_mbit: float) -> None:
+    """Limit every link of the instance to ``rate_mbit`` megabits per second in each direction.
+    The bucket holds 64 KiB segments (veths do GSO) and 50 ms of queue."""
+    burst = max(256 * 1024, int(rate_mbit * 1e6 / 8 / 100))
+    for ns, dev in shaped_links(instance, machines):
+        _tc(ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
+            "burst", str(burst), "latency", "50ms")
+
+
+def unshape(instance: int, machines: list[str]) -> None:
+    for ns, dev in shaped_links(instance, machines):
+        _tc(ns, "qdisc", "del", "dev", dev, "root", check=False)
+
+
+def tx_bytes(dev: str, ns: str | None = None) -> int:
+    """Bytes the device has sent (this machine's device, or one inside a host's namespace)."""
+    out = run([*(["ip", "netns", "exec", ns] if ns else []), "cat",
+               f"/sys/class/net/{dev}/statistics/tx_bytes"], check=False).stdout
+    return int(out.strip() or 0)
