@@ -232,7 +232,7 @@ def test_gpuserve_status_asks_each_host_from_its_plan(monkeypatch):
     monkeypatch.setattr(status, "connect_all", lambda state: [state.activate_host(h) for h in state.inventory])
     monkeypatch.setattr(status, "disconnect_all", lambda state: None)
     got = []
-    monkeypatch.setattr(status, "_host_rows", lambda host, plan: got.append(plan) or [])
+    monkeypatch.setattr(status, "_host_rows", lambda host, plan, *_: got.append(plan) or [])
     status.collect(inv)
     [plan] = got
     assert isinstance(plan, HostPlan) and plan.engine is None and list(plan.deployments) == ["a", "b"]
