@@ -6,14 +6,18 @@ Who may reach what (docs/configuration.md, "Proxy"):
 - the CLIENT_ROUTES (the inference API vLLM documents for clients) need a client key or an
   operator key;
 - the MONITOR_ROUTES (read-only: metrics, version, load) need an operator key
-  (``operator_keys_file``) or a peer address in ``proxy_operator_networks``;
+  (``operator_keys_file``), a scrape key (``scrape_keys_file``: the monitor's credential, which
+  opens these routes and nothing else) or a peer address in ``proxy_operator_networks``;
 - every other path, including inference outside the client API (/invocations) and routes a
   future engine adds, is an operator route: it needs an operator key, from any address. A peer
   in the operator networks (loopback by default: every local user) gets no inference and no
-  control without a key. A client key gets 403, no key 401.
+  control without a key. A client key or a scrape key gets 403, no key 401.
+- a front with ``admin_routes=False`` (the gateway's, docs/gateway.md) has no operator routes at
+  all: smg's admin API (/workers, ...) answers on the gateway's loopback only, and every path but
+  /health and the client routes gets 403 whatever the key.
 
 Keys are matched exactly and case-sensitively (an nginx ``map`` compares plain strings without
-regard to case; a ``~`` regex is case-sensitive). Each key maps to a short id (c1, c2, o1, ...):
+regard to case; a ``~`` regex is case-sensitive). Each key maps to a short id (c1, o1, s1, ...):
 the rate and connection limits count per client id (operator keys are exempt), and the access
 log writes the id, never the key, and never the query string.
 """
@@ -133,12 +137,13 @@ def tls_conf(cert: str, key: str) -> str:
 def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence[str],
                 engine_host: str, engine_port: int, drain_flag: str, read_timeout_s: int,
                 operator_networks: Sequence[str], limits: ProxyLimits,
-                gateways: Sequence[str] = ()) -> str:
+                gateways: Sequence[str] = (), admin_routes: bool = True) -> str:
     """The front of one deployment (conf.d/gpuserve-<deployment>.conf). With ``gateways`` (the
     addresses of the fleet's gateways, docs/gateway.md) the client routes answer only them and
     operator keys: the client's key was checked once, at the gateway; from anywhere else a
     client key gets 403. The per-address limit does not count the gateways (they carry the
-    whole fleet's traffic)."""
+    whole fleet's traffic). ``admin_routes=False``: no route but /health and the client routes
+    is proxied, for any key (the gateway's front: smg's admin API stays on its loopback)."""
     v = var(deployment)
     lim = limits
     t = lim.client_timeout_s
@@ -162,15 +167,21 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "}\n",
         "# the monitoring routes: 0: allowed; 401: no (known) key; 403: a client key\n",
         f"map \"${v}_key:${v}_opnet\" ${v}_monitor {{\n",
-        "    ~^o 0;\n",
+        "    ~^[os] 0;\n",
         "    ~:1$ 0;\n",
         "    ~^c 403;\n",
         "    default 401;\n",
         "}\n",
-        "# every other route: an operator key, whatever the peer's address\n",
+        "# every other route: an operator key, whatever the peer's address (a scrape key: 403)\n",
         f"map ${v}_key ${v}_operator {{\n",
         "    ~^o 0;\n",
-        "    ~^c 403;\n",
+        "    ~^[cs] 403;\n",
+        "    default 401;\n",
+        "}\n",
+        "# the client routes: a client or operator key (a scrape key opens no inference)\n",
+        f"map ${v}_key ${v}_inference {{\n",
+        "    ~^[co] 0;\n",
+        "    ~^s 403;\n",
         "    default 401;\n",
         "}\n",
         "# the per-key limits count client keys (by id); operator keys (scrapers, tools) are exempt\n",
@@ -235,8 +246,11 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
             "\n",
             f"    location {location} {{\n",
             *(_gateway_only(v) if gateways else [
-                f"        if (${v}_key = \"\") {{\n",
+                f"        if (${v}_inference = 401) {{\n",
                 "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
+                "        }\n",
+                f"        if (${v}_inference = 403) {{\n",
+                "            return 403 \"{\\\"error\\\": \\\"a scrape key reaches the monitoring routes only\\\"}\\n\";\n",
                 "        }\n"]),
             f"        client_max_body_size {size}k;\n",
             *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
@@ -245,6 +259,15 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
             f"        proxy_read_timeout {read_timeout_s}s;\n",
             "    }\n",
         ]
+    if not admin_routes:
+        return "".join(out + [
+            "\n",
+            "    # no operator route on this front, whatever the key: the admin API answers on this\n",
+            "    # host's loopback only (docs/gateway.md, \"Operator rights\")\n",
+            "    location / {\n",
+            "        return 403 \"{\\\"error\\\": \\\"not a client route; the admin API is on the host's loopback only\\\"}\\n\";\n",
+            "    }\n",
+            "}\n"])
     for location in MONITOR_ROUTES:
         out += ["\n", f"    location {location} {{\n",
                 *_operator_block(v, f"{v}_monitor", deployment, read_timeout_s)]
@@ -313,6 +336,16 @@ def _headers(indent: str, auth: str | None = None) -> list[str]:
     return [f"{indent}{line}\n" for line in lines]
 
 
+# systemd's unit syntax: $$ is a literal $ (the shell's), no % specifier, no single quote
+_CLEAR_LEFTOVERS = (
+    "cg=/sys/fs/cgroup$$(sed -n s/^0:://p /proc/self/cgroup); "
+    "for p in $$(cat $$cg/cgroup.procs); do "
+    "[ \"$$(cat /proc/$$p/comm 2>/dev/null)\" = nginx ] || continue; "
+    "kill -KILL $$p && echo gpuserve: killed nginx process $$p left over in the cgroup of nginx.service; "
+    "for i in $$(seq 50); do grep -qs ^State:.Z /proc/$$p/status || [ ! -e /proc/$$p ] && break; "
+    "sleep 0.1; done; "
+    "done; exit 0"
+)
 NGINX_DROPIN = """\
 # Managed by gpuserve (pyinfra): nginx comes back after a crash (Debian's unit has Restart=no),
 # and runs confined. The master (root) reads the keys, binds, and starts workers as www-data.
@@ -323,6 +356,12 @@ StartLimitBurst=20
 [Service]
 Restart=on-failure
 RestartSec=2
+# After kill -9 of the master, systemd kills the workers left in the unit's cgroup. Where that
+# fails (it stops at the first process it cannot see, one of another PID namespace sharing the
+# cgroup: "Failed to kill control group ... Input/output error"), the orphaned workers kept the
+# port and kept serving, and every restart failed to bind (issue 26). Before each start, every
+# nginx process still in this unit's cgroup is killed, and the start waits until it is gone.
+ExecStartPre=/bin/sh -c '%s'
 CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL CAP_DAC_OVERRIDE
 NoNewPrivileges=yes
 PrivateTmp=yes
@@ -349,4 +388,4 @@ SystemCallFilter=@system-service
 SystemCallFilter=~@resources @mount @debug @cpu-emulation @obsolete
 SystemCallErrorNumber=EPERM
 UMask=0027
-"""
+""" % _CLEAR_LEFTOVERS
