@@ -106,6 +106,7 @@ class DeploymentSettings:
     proxy_port: int
     origins: Mapping[str, tuple[str, str]]  # key -> (key path, source)
     operator_keys_file: str | None = None  # a path on the control node
+    scrape_keys_file: str | None = None    # a path on the control node: monitoring routes only
 
     @property
     def unit(self) -> str:
@@ -638,7 +639,7 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
             c.problem(where[0], f"{env_value!r} is not allowed: systemd's EnvironmentFile= does not "
                       "expand $VARIABLES or backquotes, and quotes or backslashes change how it "
                       "reads the line; write the literal value", where[1])
-    for key in ("api_keys_file", "operator_keys_file"):
+    for key in ("api_keys_file", "operator_keys_file", "scrape_keys_file"):
         file = values[key]
         if file is not None and not (isinstance(file, str) and file):
             bad(key, f"{file!r} is not a path to a file on the control node")
@@ -669,6 +670,7 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         api_keys_file=keys_file, shutdown_timeout_s=values["shutdown_timeout_s"],
         ready_timeout_s=values["ready_timeout_s"], proxy_port=values["proxy_port"],
         origins=MappingProxyType(origins), operator_keys_file=op_file,
+        scrape_keys_file=values["scrape_keys_file"],
     )
 
 

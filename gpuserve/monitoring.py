@@ -106,7 +106,8 @@ class EngineTarget:
     deployment: str
     scheme: str               # https (the proxy) | http (trusted_network)
     port: int
-    operator_key_file: str | None = None   # on the monitor: SCRAPE_SECRETS_DIR/<host>-<dep>.key
+    operator_key_file: str | None = None   # on the monitor: SCRAPE_SECRETS_DIR/<host>-<dep>.key,
+    # holding a key of the deployment's scrape_keys_file (monitoring routes only), never an operator key
     ca_file: str | None = None             # on the monitor; None: skip verification (self-signed)
     server_name: str | None = None
 
@@ -133,10 +134,10 @@ def address_of(host: str, address: str) -> str:
 
 
 def engine_target(host: str, address: str, deployment: str, *, proxy: bool, trusted_network: bool,
-                  proxy_port: int, serve_host: str, serve_port: int, has_operator_key: bool,
+                  proxy_port: int, serve_host: str, serve_port: int, has_scrape_key: bool,
                   has_cert_file: bool) -> EngineTarget | str:
     """How the monitor scrapes one deployment, or why it cannot (a sentence)."""
-    key = f"{SCRAPE_SECRETS_DIR}/{host}-{deployment}.key" if has_operator_key else None
+    key = f"{SCRAPE_SECRETS_DIR}/{host}-{deployment}.key" if has_scrape_key else None
     ca = f"{SCRAPE_CA_DIR}/{host}.crt" if has_cert_file else None
     if proxy:
         return EngineTarget(host, address, deployment, "https", proxy_port, key, ca, host)
@@ -400,7 +401,7 @@ def plan_targets(hosts: Mapping[str, object], addresses: Mapping[str, str]) -> P
         for d in s.deployments:
             t = engine_target(name, address, d.name, proxy=s.proxy, trusted_network=s.trusted_network,
                               proxy_port=d.proxy_port, serve_host=d.serve_host,
-                              serve_port=d.serve_port, has_operator_key=bool(d.operator_keys_file),
+                              serve_port=d.serve_port, has_scrape_key=bool(d.scrape_keys_file),
                               has_cert_file=cert)
             if isinstance(t, str):
                 skipped.append(t)

@@ -193,6 +193,10 @@ KEYS: tuple[Key, ...] = (
     Key("operator_keys_file", None, "str", "a path on the control node (keys one per line, none also "
         "in `api_keys_file`)", "the keys that reach the proxy's operator routes (see \"Proxy: routes, "
         "limits, TLS\")", _DEPLOYMENT, D),
+    Key("scrape_keys_file", None, "str", "a path on the control node (keys one per line, none also "
+        "in `api_keys_file` or `operator_keys_file`)", "the monitor's keys: they open the proxy's "
+        "monitoring routes (`/metrics`, `/version`, `/load`) and nothing else; the monitor scrapes "
+        "with the first one (docs/monitoring.md)", _DEPLOYMENT, D),
     Key("shutdown_timeout_s", 60, "int", Int(0, 3600), "`--shutdown-timeout`: in-flight requests get "
         "this long to finish when the engine stops; the unit's stop timeout is above it", _DEPLOYMENT, D),
     Key("ready_timeout_s", 3600, "int", Int(10, 6 * 3600), "how long the start and the readiness gate "

@@ -1,6 +1,7 @@
 """Gateway layer: smg (its own pinned uv venv, a hardened unit) behind nginx on a gateway host.
 
-    nginx   gateway_bind:gateway_port   TLS, client keys, client routes only (proxy_conf.server_conf)
+    nginx   gateway_bind:gateway_port   TLS, client keys, client routes only (proxy_conf.server_conf):
+                                        no admin route for any key, operator keys included
     smg     127.0.0.1:gateway_smg_port  API and admin API; metrics on gateway_metrics_host
     files   /etc/gpuserve-gateway/workers.json, workers-ca.pem (gpuserve.gateway)
 
@@ -274,7 +275,8 @@ def _front(settings: HostSettings) -> None:
             engine_host="127.0.0.1", engine_port=g.smg_port,
             drain_flag=f"{NGINX_DIR}/{name}.drain",   # never made: a gateway is not drained
             read_timeout_s=3600, operator_networks=settings.proxy_operator_networks,
-            limits=proxy_conf.ProxyLimits(**settings.proxy_limits))),
+            limits=proxy_conf.ProxyLimits(**settings.proxy_limits),
+            admin_routes=False)),   # smg's admin API: loopback only, for any key
         dest=gw.NGINX_CONF, user="root", group="root", mode="644")
     systemd.service(name="nginx running and enabled", service="nginx.service", running=True,
                     enabled=True)

@@ -6,7 +6,8 @@ hosts' addresses (nginx ``allow``/``deny``): node-exporter on 127.0.0.1:9100, un
 and NVIDIA's DCGM exporter (:9400) under ``/dcgm/metrics`` on NVIDIA hosts with ``dcgm``.
 Prometheus (127.0.0.1:9090) and alertmanager (127.0.0.1:9093, no cluster port) stay on the
 monitor's loopback: reach them over SSH (docs/monitoring.md). The configuration comes from
-gpuserve.monitoring; operator keys prometheus scrapes the engines with are secret files
+gpuserve.monitoring; the scrape keys (monitoring routes only, never operator keys) prometheus
+scrapes the engines with are secret files
 (gpuserve.layers.secrets_ops), never in prometheus.yml.
 """
 
@@ -25,8 +26,9 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, monitoring, stack
+from gpuserve import api_keys, certs, monitoring, proxy_conf, stack
 from gpuserve.config import HostSettings
+from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
 
 EXPORTERS_DIR = "/etc/nginx/gpuserve-exporters"   # root 0700: its TLS key
@@ -79,6 +81,7 @@ def exporters_conf(networks: list[str], dcgm: bool, tls_include: str, smg_metric
         f"    listen {monitoring.NODE_EXPORTER_TLS_PORT} ssl;\n"
         f"    listen [::]:{monitoring.NODE_EXPORTER_TLS_PORT} ssl;\n"
         f"    include {tls_include};\n"
+        "    server_tokens off;\n"
         f"{allow}"
         "    deny all;\n"
         "    access_log off;\n"
@@ -103,10 +106,11 @@ def _exporters_tls() -> tuple[str, list]:
             name="Exporters' self-signed TLS certificate",
             commands=[certs.self_signed(host.name, key, crt)]))
     include = f"{EXPORTERS_DIR}/tls.conf"
+    # the one TLS profile of every gpuserve front (TLS 1.2 ECDHE+AEAD, 1.3): issue 26 found
+    # static-RSA and CBC suites offered here
     ops.append(files.put(
-        name="Exporters' TLS settings", dest=include, user="root", group="root", mode="600",
-        src=StringIO(f"# Managed by gpuserve (pyinfra)\nssl_certificate {crt};\n"
-                     f"ssl_certificate_key {key};\nssl_protocols TLSv1.2 TLSv1.3;\n")))
+        name="Exporters' TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)", dest=include, user="root",
+        group="root", mode="600", src=StringIO(proxy_conf.tls_conf(crt, key))))
     return include, ops
 
 
@@ -121,6 +125,11 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
                  packages=["prometheus-node-exporter", "nginx", "openssl"],
                  extra_install_args=NO_RECOMMENDS)
     files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default", present=False)
+    # the same confinement and crash restart as the serving hosts' and the gateway's nginx
+    dropin = files.put(name="nginx restarts on failure, confined (systemd drop-in)",
+                       src=StringIO(proxy_conf.NGINX_DROPIN), dest=proxy_layer.DROPIN, user="root",
+                       group="root", mode="644")
+    systemd.daemon_reload(name="Reload systemd units (nginx drop-in)", _if=dropin.did_change)
     defaults = files.put(
         name="node-exporter on loopback only",
         src=StringIO("# Managed by gpuserve (pyinfra): loopback only; the monitor scrapes through "
@@ -141,6 +150,8 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
                                                  monitoring.smg_metrics(settings))),
                      dest=EXPORTERS_CONF, user="root", group="root", mode="644")
     systemd.service(name="nginx running", service="nginx", running=True, enabled=True)
+    systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",
+                    restarted=True, _if=dropin.did_change, **proxy_layer.NGINX_RETRY)
     server.shell(name="Reload nginx (exporters' front)",
                  commands=["nginx -t -q", "systemctl reload nginx"], _if=any_changed(conf, *tls))
 
@@ -148,7 +159,7 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
 def _first_key(path: str) -> str:
     keys = api_keys.read_api_keys(Path(path))
     if not keys:
-        raise OperationError(f"{host.name}: operator_keys_file {path} holds no key to scrape with")
+        raise OperationError(f"{host.name}: scrape_keys_file {path} holds no key to scrape with")
     return keys[0]
 
 
@@ -171,16 +182,17 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
     for t in plan.engines:
         if t.operator_key_file:
             dep = all_settings[t.host].deployment(t.deployment)
+            # a scrape key (monitoring routes only): the monitor never holds an operator key
             secrets.append(secrets_ops.secret_file(
-                name=f"Operator key to scrape {t.host} {t.deployment} (0640, not shown)",
-                content=_first_key(dep.operator_keys_file) + "\n", dest=t.operator_key_file,
+                name=f"Scrape key for {t.host} {t.deployment} (0640, not shown)",
+                content=_first_key(dep.scrape_keys_file) + "\n", dest=t.operator_key_file,
                 user="root", group="prometheus", mode="640"))
     for n in plan.nodes:
         if n.operator_key_file:
-            dep = next(d for d in all_settings[n.host].deployments if d.operator_keys_file)
+            dep = next(d for d in all_settings[n.host].deployments if d.scrape_keys_file)
             secrets.append(secrets_ops.secret_file(
-                name=f"Operator key to scrape {n.host}'s exporters (0640, not shown)",
-                content=_first_key(dep.operator_keys_file) + "\n", dest=n.operator_key_file,
+                name=f"Scrape key for {n.host}'s exporters (0640, not shown)",
+                content=_first_key(dep.scrape_keys_file) + "\n", dest=n.operator_key_file,
                 user="root", group="prometheus", mode="640"))
     cas = []
     if any(t.ca_file for t in plan.engines) or any(n.ca_file for n in plan.nodes):

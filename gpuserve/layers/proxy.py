@@ -138,13 +138,21 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
         operator_secret = plan.secret(dep.name, "operator-keys")
         clients = _read_keys(client_secret, required=True)
         operators = _read_keys(operator_secret, required=False)
+        # the monitor's keys (monitoring routes only) go in the operator file with ids s1, s2, ...
+        scrapers = _read_keys(SecretInstall(dep.name, "scrape-keys", dep.scrape_keys_file, "",
+                                            "scrape_keys_file"), required=False)
         if set(clients) & set(operators):
             raise OperationError(f"{host.name}: deployments.{dep.name}: a key is in both api_keys_file "
                                  "and operator_keys_file; an operator key must be a separate key")
+        if set(scrapers) & (set(clients) | set(operators)):
+            raise OperationError(f"{host.name}: deployments.{dep.name}: a key of scrape_keys_file is "
+                                 "also in api_keys_file or operator_keys_file; a scrape key must be "
+                                 "a separate key")
         keys = secrets_ops.secret_file(name=f"{dep.name}: client API keys (0600, not shown)",
                                        content=keys_map(clients, "c"), dest=client_secret.dest)
-        op_keys = secrets_ops.secret_file(name=f"{dep.name}: operator API keys (0600, not shown)",
-                                          content=keys_map(operators, "o"), dest=operator_secret.dest)
+        op_keys = secrets_ops.secret_file(name=f"{dep.name}: operator and scrape keys (0600, not shown)",
+                                          content=keys_map(operators, "o") + keys_map(scrapers, "s"),
+                                          dest=operator_secret.dest)
         upstream = f"{NGINX_DIR}/{dep.name}.upstream-auth"
         if not host.get_fact(secrets_ops.MatchesInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
             # from the engine key the service layer made on this host; it never leaves the host

@@ -21,6 +21,7 @@ INV, SERVE, GATEWAY = "inventories/sandbox.py", "deploys/serve.py", "deploys/gat
 ROTATE = "tests/integration/deploys/rotate.py"
 GW_PORT = 9443   # group_data/gateway.py
 MODEL = "tiny-chat"
+OPERATOR_KEY = "sandbox-operator-gateway-0123456789ABCDEFabcdef"
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +29,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fleet(make_hosts, sandbox, sandbox_hub, tmp_path_factory):
     hosts = make_hosts(["cpu", "cpu", "gateway"])   # smg's wheel set comes with the gateway host
+    certs = tmp_path_factory.mktemp("certs")
+    ops = fleet_view.operator_keys_file(certs, OPERATOR_KEY)   # the gateway's and the hosts'
     return {"serving": hosts[:2], "gateway": hosts[2], "key": fleet_view.client_key(sandbox),
-            "certs": tmp_path_factory.mktemp("certs")}
+            "certs": certs, "data": ["--data", f"operator_keys_file={ops}"]}
 
 
 def _gw(fleet, sandbox, path, key=None, body=None, timeout=120):
@@ -61,7 +64,7 @@ def _wait_healthy(sandbox, fleet, ids, bound_s=120):
 
 
 def test_converge_serves_through_the_gateway(fleet, sandbox, pyinfra):
-    run = pyinfra(INV, SERVE).check()
+    run = pyinfra(INV, SERVE, *fleet["data"]).check()
     assert run.errors == 0
     ids = [f"{h.name}/minimax" for h in fleet["serving"]]
     states = _wait_healthy(sandbox, fleet, ids)
@@ -88,9 +91,18 @@ def test_the_gateways_admin_api_and_metrics_are_unreachable_from_the_network(fle
             socket.create_connection((fleet["gateway"].ip, port), timeout=5).close()
     listening = sandbox.ssh(fleet["gateway"], "ss -Hltn").stdout
     assert "127.0.0.1:30000" in listening and "127.0.0.1:29000" in listening
-    # through the TLS front: the admin routes are operator routes; a client key gets 403
-    assert _gw(fleet, sandbox, "/workers", None)[0] == 401
-    assert _gw(fleet, sandbox, "/workers", fleet["key"])[0] == 403
+    # through the TLS front: no admin route for any key; an operator key gets 403 too (issue 26:
+    # POST /workers with an operator key added a rogue worker that got the clients' chats)
+    rogue = {"url": "http://10.231.0.250:8000", "worker_type": "regular"}
+    before = _gateway_states(sandbox, fleet)
+    for key in (None, fleet["key"], OPERATOR_KEY):
+        assert _gw(fleet, sandbox, "/workers", key)[0] == 403, key
+        assert _gw(fleet, sandbox, "/workers", key, rogue)[0] == 403, key
+        for path in ("/flush_cache", "/get_loads", "/metrics", "/workers/x"):
+            assert _gw(fleet, sandbox, path, key)[0] == 403, (path, key)
+    assert set(_gateway_states(sandbox, fleet)) == set(before)   # no worker added
+    # the operator key still reaches the client routes
+    assert _gw(fleet, sandbox, "/v1/chat/completions", OPERATOR_KEY, _chat())[0] == 200
     # and smg's command line carries no secret
     cmdline = sandbox.ssh(fleet["gateway"], "systemctl show -p ExecStart --value gpuserve-gateway").stdout
     assert fleet["key"] not in cmdline and "api-key" not in cmdline

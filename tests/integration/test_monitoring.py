@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 INV, SERVE = "inventories/sandbox.py", "deploys/serve.py"
 STALL_S = 30
 OPERATOR_KEY = "sandbox-operator-monitor-0123456789ABCDEFabcdef"
+SCRAPE_KEY = "sandbox-scrape-monitor-0123456789ABCDEFabcdef"
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +35,11 @@ def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory
     serving, gateway, monitor = make_hosts(["cpu", "gateway", "monitor"])
     files = tmp_path_factory.mktemp("monitoring")
     keys = fleet_view.operator_keys_file(files, OPERATOR_KEY)
+    scrape = fleet_view.scrape_keys_file(files, SCRAPE_KEY)   # the monitor's: monitoring routes only
     # a generous probe timeout: on a loaded 2-core machine a 1-token completion can take long;
     # this test is about the stall path
-    data = ["--data", f"operator_keys_file={keys}", "--data", "monitor_scrape_interval_s=5",
-            "--data", f"watchdog_stall_s={STALL_S}", "--data", "watchdog_probe_timeout_s=120",
+    data = ["--data", f"operator_keys_file={keys}", "--data", f"scrape_keys_file={scrape}",
+            "--data", "monitor_scrape_interval_s=5", "--data", f"watchdog_stall_s={STALL_S}", "--data", "watchdog_probe_timeout_s=120",
             "--data", "alert_nvme_free_gib=1",
             # the serving host admits client routes only from its gateways: the hang test's load
             # comes from this machine, admitted like a gateway (as bench/gateway.py does)
@@ -79,6 +81,15 @@ def test_the_monitor_scrapes_every_target_and_nothing_is_open_to_clients(fleet, 
     assert up == {("gpuserve-engine", serving.name): "1", ("node", serving.name): "1",
                   ("node", gateway.name): "1", ("smg", gateway.name): "1",
                   ("node", monitor.name): "1", ("prometheus", None): "1"}, up
+    # issue 26 (1): the monitor holds the scrape key only, never an operator key, and a scrape key
+    # opens no inference and no operator route
+    held = sandbox.ssh(monitor, "cat /etc/prometheus/gpuserve-keys/*").stdout
+    assert SCRAPE_KEY in held and OPERATOR_KEY not in held
+    for path, body in (("/v1/chat/completions", {"model": "tiny-chat", "messages": []}),
+                       ("/openapi.json", None), ("/collective_rpc", {"method": "x"})):
+        assert fleet_view.proxy_request(sandbox, serving, fleet["certs"], path, SCRAPE_KEY,
+                                        body)[0] == 403, path
+    assert fleet_view.proxy_request(sandbox, serving, fleet["certs"], "/metrics", SCRAPE_KEY)[0] == 200
     release = hang.prometheus(sandbox, monitor, "gpuserve_release_info")
     assert [r["metric"]["host"] for r in release] == [serving.name]
     # from this machine (a client of the sandbox network)
@@ -92,6 +103,23 @@ def test_the_monitor_scrapes_every_target_and_nothing_is_open_to_clients(fleet, 
     for ip, port in ((serving.ip, 9100), (gateway.ip, 29000), (monitor.ip, 9090), (monitor.ip, 9093)):
         assert subprocess.run([*curl, f"http://{ip}:{port}/"], capture_output=True,
                               text=True).stdout == "000", f"{ip}:{port} answers this machine"
+
+
+def test_every_nginx_front_has_the_one_tls_profile_and_hardening(fleet, converged, sandbox):
+    """Issue 26 (5): the exporters' front on 9101 offered static-RSA and CBC suites, and the
+    monitor's nginx had no hardening drop-in (Restart=no, exposure 9.6) and sent its version."""
+    for h in (fleet["serving"], fleet["gateway"], fleet["monitor"]):
+        for cipher, ok in (("AES128-SHA", False), ("ECDHE-RSA-AES128-SHA", False),
+                           ("AES256-GCM-SHA384", False), ("ECDHE-RSA-AES128-GCM-SHA256", True)):
+            proc = subprocess.run(["openssl", "s_client", "-connect", f"{h.ip}:9101", "-tls1_2",
+                                   "-cipher", cipher], input="", capture_output=True, text=True,
+                                  timeout=20)
+            assert (f"Cipher is {cipher}" in proc.stdout) == ok, (h.name, cipher, proc.stdout[-300:])
+        head = subprocess.run(["curl", "-skI", "--max-time", "5", f"https://{h.ip}:9101/metrics"],
+                              capture_output=True, text=True).stdout
+        assert "Server: nginx\r\n" in head, (h.name, head)   # no version
+        unit = sandbox.ssh(h, "systemctl show -p Restart -p NoNewPrivileges -p ProtectSystem nginx").stdout
+        assert {"Restart=on-failure", "NoNewPrivileges=yes", "ProtectSystem=strict"} <= set(unit.split()), unit
 
 
 def test_a_hung_engine_is_restarted_and_alerted_while_health_says_200(fleet, converged, sandbox,

@@ -45,7 +45,8 @@ def test_clients_reach_only_the_inference_routes_and_everything_else_is_operator
               if loc not in ("= /health", "/") and loc not in proxy_conf.MONITOR_ROUTES]
     assert [loc for loc, _ in proxy_conf.CLIENT_ROUTES] == client
     for loc in client:
-        assert 'if ($gpuserve_minimax_key = "") {\n            return 401' in locations[loc]
+        assert 'if ($gpuserve_minimax_inference = 401) {\n            return 401' in locations[loc]
+        assert 'if ($gpuserve_minimax_inference = 403) {\n            return 403' in locations[loc]
     for route in ("/scale_elastic_ep", "/docs", "/openapi.json", "/sleep", "/collective_rpc",
                   "/reset_prefix_cache", "/invocations", "/ping", "/v1/chat/completions/batch"):
         assert f"= {route}" not in locations      # falls to location /, the operator block
@@ -55,7 +56,10 @@ def test_clients_reach_only_the_inference_routes_and_everything_else_is_operator
     conf = _conf()
     # every other route: an operator key, whatever the peer; a client key is 403, none 401
     assert ("map $gpuserve_minimax_key $gpuserve_minimax_operator {\n"
-            "    ~^o 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
+            "    ~^o 0;\n    ~^[cs] 403;\n    default 401;\n}\n") in conf
+    # the client routes: a client or operator key; a scrape key (the monitor's) 403
+    assert ("map $gpuserve_minimax_key $gpuserve_minimax_inference {\n"
+            "    ~^[co] 0;\n    ~^s 403;\n    default 401;\n}\n") in conf
     assert "    127.0.0.1/32 1;\n" in conf
 
 
@@ -72,9 +76,22 @@ def test_operator_networks_read_only_the_monitoring_routes_without_a_key():
     conf = _conf()
     # an operator key, or a peer in the operator networks; a client key is 403, none 401
     assert ('map "$gpuserve_minimax_key:$gpuserve_minimax_opnet" $gpuserve_minimax_monitor {\n'
-            "    ~^o 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
+            "    ~^[os] 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
     # the operator networks decide nothing else
     assert conf.count("$gpuserve_minimax_opnet") == 2
+
+
+def test_a_front_without_admin_routes_proxies_only_health_and_the_client_routes():
+    """Issue 26 (1): the gateway's public front passed every other path, with an operator key,
+    to smg's admin API (POST /workers added a rogue worker). With admin_routes=False no key opens
+    anything but /health and the client routes."""
+    conf = _conf(deployment="gateway", admin_routes=False)
+    locations = _locations(conf)
+    assert set(locations) == {"= /health", "/", *(loc for loc, _ in proxy_conf.CLIENT_ROUTES)}
+    assert locations["/"].strip().startswith("return 403")
+    assert "proxy_pass" not in locations["/"]
+    # the default keeps the operator routes (the serving hosts' fronts)
+    assert "proxy_pass" in _locations(_conf())["/"]
 
 
 def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():
@@ -164,7 +181,7 @@ def test_engine_unit_is_confined_but_keeps_its_gpus():
     for line in ("DevicePolicy=closed", "CapabilityBoundingSet=\n", "NoNewPrivileges=yes",
                  "ProtectSystem=strict", "ProtectKernelTunables=yes", "RestrictNamespaces=yes",
                  "SystemCallFilter=@system-service", "SystemCallArchitectures=native",
-                 "IPAddressDeny=any", "Restart=on-failure", "StartLimitBurst=10"):
+                 "IPAddressDeny=any", "Restart=always", "StartLimitBurst=10"):
         assert line in unit, line
     assert "\nMemoryDenyWriteExecute=" not in unit      # the JITs need W then X memory
     assert "IPAddressDeny" not in _unit([], loopback_only=False)   # a trusted network beyond loopback
