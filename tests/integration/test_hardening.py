@@ -300,8 +300,30 @@ def _status(sandbox) -> subprocess.CompletedProcess:
 
 
 def test_proxy_comes_back_after_a_crash_and_status_reports_it_down(fleet, converged, sandbox):
-    """Finding 5."""
+    """Finding 5, and issue 26 (8): on a host where systemd cannot kill the leftovers of nginx's
+    cgroup, the crashed master's workers kept the port and no restart could bind it. Made so here
+    as it happened in the sandbox: a process of another PID namespace (PID 0 inside the host) in
+    the unit's cgroup, before nginx starts, so it is listed before the workers."""
+    from gpuserve_sandbox.hosts import cgroup_root
+
     h = fleet["host"]
+    cgroup = cgroup_root(h) / "system.slice" / "nginx.service" / "cgroup.procs"
+    foreign = subprocess.Popen(["sleep", "600"])   # a process of this machine, not of the host
+    try:
+        sandbox.ssh(h, "systemctl stop nginx")
+        cgroup.parent.mkdir(exist_ok=True)   # systemd removed it with the stopped unit
+        cgroup.write_text(str(foreign.pid))
+        sandbox.ssh(h, "systemctl start nginx")
+        _crash_nginx_and_check_it_comes_back(sandbox, fleet, h)
+        journal = sandbox.ssh(h, "journalctl -u nginx -b --no-pager -o cat").stdout
+        assert "Failed to kill control group" in journal   # systemd's kill did fail
+        assert "gpuserve: killed nginx process" in journal, journal[-2000:]
+    finally:
+        foreign.kill()
+        foreign.wait(10)
+
+
+def _crash_nginx_and_check_it_comes_back(sandbox, fleet, h):
     pid = "systemctl show -p MainPID --value nginx"
     before = sandbox.ssh(h, pid).stdout.strip()
     sandbox.ssh(h, f"kill -9 {before}")
@@ -313,6 +335,9 @@ def test_proxy_comes_back_after_a_crash_and_status_reports_it_down(fleet, conver
     assert now not in (before, "0", ""), "nginx did not come back within 30 s of kill -9"
     assert sandbox.ssh(h, "systemctl is-active nginx", check=False).stdout.strip() == "active"
     assert _request(sandbox, fleet, "GET", "/v1/models", fleet["key"], timeout=10)[0] == 200
+    # the workers are the new master's: none of the crashed one's is left
+    parents = set(sandbox.ssh(h, "ps -o ppid= -C nginx").stdout.split())
+    assert parents == {"1", now}, parents
     ok = _status(sandbox)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert re.search(r"\bactive$", ok.stdout.splitlines()[1]), ok.stdout
@@ -323,6 +348,33 @@ def test_proxy_comes_back_after_a_crash_and_status_reports_it_down(fleet, conver
         assert "inactive" in down.stdout.splitlines()[1]
     finally:
         sandbox.ssh(h, "systemctl start nginx")
+
+
+def test_an_engine_whose_core_is_killed_is_restarted(fleet, converged, sandbox):
+    """Issue 26 (2): kill -9 of VLLM::EngineCore made the API server exit 0 (Result=success,
+    NRestarts=0), so Restart=on-failure never fired and the engine stayed down. The real engine:
+    its unit comes back and serves again."""
+    h = fleet["host"]
+    restarts = int(sandbox.ssh(h, f"systemctl show -p NRestarts --value {UNIT}").stdout)
+    core = sandbox.ssh(h, "pgrep -f '^VLLM::EngineCore'").stdout.split()
+    assert len(core) == 1, core
+    sandbox.ssh(h, f"kill -9 {core[0]}")
+    deadline = time.monotonic() + 480   # RestartSec=30, then the engine loads again
+    now = restarts
+    while time.monotonic() < deadline:
+        time.sleep(5)
+        now = int(sandbox.ssh(h, f"systemctl show -p NRestarts --value {UNIT}").stdout)
+        if now > restarts and sandbox.ssh(h, f"systemctl is-active {UNIT}", check=False).stdout.strip() == "active":
+            break
+    state = sandbox.ssh(h, f"systemctl show -p ActiveState -p Result -p NRestarts {UNIT}").stdout
+    assert now > restarts, state
+    assert _chat(sandbox, fleet, fleet["key"], timeout=300) == 200, state
+    assert pgrep_differs(sandbox, h, core[0])
+
+
+def pgrep_differs(sandbox, h, old: str) -> bool:
+    new = sandbox.ssh(h, "pgrep -f '^VLLM::EngineCore'").stdout.split()
+    return len(new) == 1 and new != [old]
 
 
 def test_engine_beyond_loopback_without_the_proxy_is_refused_at_plan_time(fleet, converged, sandbox):
