@@ -50,7 +50,17 @@ def plan(ports: Iterable[int], *, service_user: str, proxy: bool, trusted_networ
     return Guard(tuple(sorted(set(ports))), tuple(dict.fromkeys(users)), network=not trusted_network)
 
 
-def ruleset(guard: Guard) -> str:
+# The same guard in front of the monitor's Prometheus (9090) and alertmanager (9093), on the
+# monitor's loopback: issue 26 found any local user could POST /api/v2/silences and silence every
+# alert. Only root (operators: sudo or ssh) and Prometheus's own user (Debian runs both as
+# prometheus; Prometheus sends its alerts to alertmanager) open them.
+MONITOR_TABLE = "gpuserve_monitor"
+MONITOR_RULES_PATH = "/etc/gpuserve-monitor-guard.nft"
+MONITOR_UNIT = "gpuserve-monitor-guard.service"
+MONITOR_USERS = ("root", "prometheus")
+
+
+def ruleset(guard: Guard, table: str = TABLE) -> str:
     """The file ``nft -f`` loads: it replaces gpuserve's own table at once (one transaction) and
     touches no other table (the operator's /etc/nftables.conf stays as it is)."""
     ports = ", ".join(str(p) for p in guard.ports)
@@ -65,11 +75,11 @@ def ruleset(guard: Guard) -> str:
                  for fam, addr in (("ip", "127.0.0.0/8"), ("ip6", "::1"))]
     lines = [
         "#!/usr/sbin/nft -f",
-        "# Managed by gpuserve (pyinfra): only the proxy and gpuserve open the engines' ports",
-        "# (gpuserve/engine_guard.py, docs/configuration.md). Check: nft list table inet gpuserve",
-        f"table inet {TABLE}",
-        f"delete table inet {TABLE}",
-        f"table inet {TABLE} {{",
+        "# Managed by gpuserve (pyinfra): only the users named below open these ports",
+        f"# (gpuserve/engine_guard.py, docs/configuration.md). Check: nft list table inet {table}",
+        f"table inet {table}",
+        f"delete table inet {table}",
+        f"table inet {table} {{",
         "\tset engine_ports {",
         "\t\ttype inet_service",
         *([f"\t\telements = {{ {ports} }}"] if ports else []),
@@ -97,14 +107,17 @@ def ruleset(guard: Guard) -> str:
     return "\n".join(lines) + "\n"
 
 
-def unit_text() -> str:
+def unit_text(rules_path: str = RULES_PATH, table: str = TABLE,
+              what: str = "engine guard: only the proxy and gpuserve open the engines' ports") -> str:
     """gpuserve-engine-guard.service: loads the table before any engine starts (each engine unit
-    has Requires= and After= on it), at boot too; a reload replaces the table in place."""
+    has Requires= and After= on it), at boot too; a reload replaces the table in place. With
+    other arguments, the monitor's guard (MONITOR_UNIT), which Prometheus and alertmanager
+    require the same way."""
     return f"""\
-# Managed by gpuserve (pyinfra): the engine guard (gpuserve/engine_guard.py). Engines require it:
-# if the table does not load, no engine starts; stopping it stops them and drops the table.
+# Managed by gpuserve (pyinfra): a gpuserve guard (gpuserve/engine_guard.py). Its services require
+# it: if the table does not load, they do not start; stopping it stops them and drops the table.
 [Unit]
-Description=gpuserve engine guard: only the proxy and gpuserve open the engines' ports
+Description=gpuserve {what}
 DefaultDependencies=no
 After=local-fs.target
 Before=network-pre.target shutdown.target
@@ -114,9 +127,9 @@ Conflicts=shutdown.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart={NFT} -f {RULES_PATH}
-ExecReload={NFT} -f {RULES_PATH}
-ExecStop=-{NFT} delete table inet {TABLE}
+ExecStart={NFT} -f {rules_path}
+ExecReload={NFT} -f {rules_path}
+ExecStop=-{NFT} delete table inet {table}
 # nft needs CAP_NET_ADMIN and netlink, nothing else
 CapabilityBoundingSet=CAP_NET_ADMIN
 AmbientCapabilities=
@@ -146,3 +159,14 @@ UMask=0077
 [Install]
 WantedBy=multi-user.target
 """
+
+
+def monitor_guard(ports: Iterable[int]) -> Guard:
+    """Prometheus's and alertmanager's ports (gpuserve.monitoring) for MONITOR_USERS only."""
+    return Guard(tuple(sorted(set(ports))), MONITOR_USERS, network=True)
+
+
+def requires_dropin(unit: str) -> str:
+    """A drop-in that makes a service require a guard (it starts after it, stops with it)."""
+    return (f"# Managed by gpuserve (pyinfra): no start without the guard (gpuserve/engine_guard.py)\n"
+            f"[Unit]\nRequires={unit}\nAfter={unit}\n")

@@ -122,6 +122,29 @@ def test_every_nginx_front_has_the_one_tls_profile_and_hardening(fleet, converge
         assert {"Restart=on-failure", "NoNewPrivileges=yes", "ProtectSystem=strict"} <= set(unit.split()), unit
 
 
+def _silence(sandbox, monitor, user: str, alertname: str) -> str:
+    body = json.dumps({"matchers": [{"name": "alertname", "value": alertname, "isRegex": True}],
+                       "startsAt": "2020-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z",
+                       "createdBy": user, "comment": "issue 26"})
+    return sandbox.ssh(monitor, f"runuser -u {user} -- curl -s -o /dev/null -w '%{{http_code}}' -m 10 "
+                                f"-X POST -H 'Content-Type: application/json' -d '{body}' "
+                                "http://127.0.0.1:9093/api/v2/silences", check=False).stdout.strip()
+
+
+def test_local_users_who_are_not_operators_reach_neither_alertmanager_nor_prometheus(fleet, converged,
+                                                                                    sandbox):
+    """Issue 26 (6): as nobody, POST /api/v2/silences on 127.0.0.1:9093 with alertname=~.+
+    returned 200: any local user could silence every alert."""
+    monitor = fleet["monitor"]
+    assert _silence(sandbox, monitor, "nobody", ".+") == "000"   # reset by the monitor guard
+    prom = sandbox.ssh(monitor, "runuser -u nobody -- curl -s -o /dev/null -w '%{http_code}' -m 10 "
+                                "http://127.0.0.1:9090/api/v1/query?query=up", check=False).stdout.strip()
+    assert prom == "000"
+    # root (an operator: sudo or ssh) still does; a silence that matches no alert
+    assert _silence(sandbox, monitor, "root", "gpuserve-issue-26-matches-nothing") == "200"
+    assert hang.prometheus(sandbox, monitor, "up")   # as root, over SSH, as the canary bake asks
+
+
 def test_a_hung_engine_is_restarted_and_alerted_while_health_says_200(fleet, converged, sandbox,
                                                                        capsys):
     serving, monitor = fleet["serving"], fleet["monitor"]

@@ -102,3 +102,21 @@ def test_the_plan_warning_names_every_unkeyed_route_and_the_guard():
     for route in ("/invocations", "/tokenize", "/metrics", "/scale_elastic_ep"):
         assert route in warning
     assert "covers only /v1" in warning and "engine guard" in warning and "trusted_network" in warning
+
+
+def test_the_monitor_guard_lets_only_root_and_prometheus_open_prometheus_and_alertmanager():
+    """Issue 26 (6): as nobody, POST /api/v2/silences on 127.0.0.1:9093 returned 200."""
+    from gpuserve import monitoring
+
+    guard = engine_guard.monitor_guard((monitoring.PROMETHEUS_PORT, monitoring.ALERTMANAGER_PORT))
+    rules = engine_guard.ruleset(guard, engine_guard.MONITOR_TABLE)
+    assert "table inet gpuserve_monitor {" in rules and "delete table inet gpuserve_monitor" in rules
+    assert "inet gpuserve\n" not in rules and "table inet gpuserve {" not in rules   # the engine's stays
+    assert "elements = { 9090, 9093 }" in rules and 'elements = { "root", "prometheus" }' in rules
+    assert 'oifname "lo" tcp dport @engine_ports' in rules and "reject with tcp reset" in rules
+    unit = engine_guard.unit_text(engine_guard.MONITOR_RULES_PATH, engine_guard.MONITOR_TABLE, "monitor")
+    assert f"ExecStart=/usr/sbin/nft -f {engine_guard.MONITOR_RULES_PATH}\n" in unit
+    assert "ExecStop=-/usr/sbin/nft delete table inet gpuserve_monitor\n" in unit
+    assert engine_guard.requires_dropin(engine_guard.MONITOR_UNIT) == (
+        "# Managed by gpuserve (pyinfra): no start without the guard (gpuserve/engine_guard.py)\n"
+        "[Unit]\nRequires=gpuserve-monitor-guard.service\nAfter=gpuserve-monitor-guard.service\n")
