@@ -170,3 +170,55 @@ def requires_dropin(unit: str) -> str:
     """A drop-in that makes a service require a guard (it starts after it, stops with it)."""
     return (f"# Managed by gpuserve (pyinfra): no start without the guard (gpuserve/engine_guard.py)\n"
             f"[Unit]\nRequires={unit}\nAfter={unit}\n")
+
+
+# --- every listener of an engine, not only its serve port ------------------------------------
+# Issue 26 (7): vLLM's EngineCore opens gloo listeners (random ports, on the host name's address,
+# 127.0.1.1 on Debian) that any local user could open. Their ports are not known in advance, so
+# this part of the guard judges the listening socket's owner: each engine unit loads, as root,
+# before it starts (ExecStartPre=+, when its cgroup exists), a table of its own that resets a
+# connection opened over lo by any user but root and the engine's own, to a socket of the
+# engine's cgroup on any port but the serve port (the port guard above lets nginx reach that).
+# The output chain marks the SYN of such a user (a bit of the packet mark, LISTENERS_MARK), the
+# input chain resets it when the socket it reaches belongs to the unit's cgroup (nft ``socket
+# cgroupv2``). A unit's cgroup level counts from the machine's root cgroup, which a container
+# does not see: one rule per level from 2 (system.slice/<unit> on a host) to LISTENER_LEVELS;
+# only the unit's true level can match.
+LISTENERS_MARK = 0x00260000
+LISTENER_LEVELS = 8
+
+
+def listeners_table(deployment: str) -> str:
+    return "gpuserve_listeners_" + "".join(c if c.isalnum() else "_" for c in deployment)
+
+
+def listeners_ruleset(deployment: str, unit: str, serve_port: int, users: Iterable[str]) -> str:
+    table = listeners_table(deployment)
+    mark = f"0x{LISTENERS_MARK:08x}"
+    names = ", ".join(f'"{u}"' for u in dict.fromkeys(users))
+    cgroup = f"system.slice/{unit}"
+    return "\n".join([
+        "#!/usr/sbin/nft -f",
+        f"# Managed by gpuserve (pyinfra): only {', '.join(dict.fromkeys(users))} open the listeners of",
+        f"# {unit} besides its serve port (gpuserve/engine_guard.py). Loaded by the unit at each start.",
+        f"table inet {table}",
+        f"delete table inet {table}",
+        f"table inet {table} {{",
+        "\tset users {",
+        "\t\ttype uid",
+        f"\t\telements = {{ {names} }}",
+        "\t}",
+        "",
+        "\tchain output {",
+        "\t\ttype filter hook output priority filter; policy accept;",
+        f'\t\toifname "lo" tcp dport != {serve_port} tcp flags & (syn | ack) == syn meta skuid != @users '
+        f"meta mark set meta mark | {mark}",
+        "\t}",
+        "",
+        "\tchain input {",
+        "\t\ttype filter hook input priority filter; policy accept;",
+        *(f'\t\tiifname "lo" meta mark & {mark} == {mark} socket cgroupv2 level {level} "{cgroup}" '
+          "reject with tcp reset" for level in range(2, LISTENER_LEVELS + 1)),
+        "\t}",
+        "}",
+    ]) + "\n"

@@ -463,3 +463,30 @@ def test_local_users_get_no_answer_from_the_engine_port(fleet, converged, sandbo
         assert code == "200", (user, code, rc)
     # and clients through the proxy
     assert _chat(sandbox, fleet, fleet["key"]) == 200
+
+
+CONNECT_AS = ("import socket, sys\n"
+              "for a in sys.argv[1:]:\n"
+              "    host, port = a.rsplit(':', 1)\n"
+              "    try:\n"
+              "        socket.create_connection((host.strip('[]'), int(port)), timeout=5).close(); print(a, 'open')\n"
+              "    except OSError as e:\n"
+              "        print(a, type(e).__name__)\n")
+
+
+def test_every_listener_of_the_engine_is_closed_to_local_users(fleet, converged, sandbox):
+    """Issue 26 (7): the guard covered only the serve port; EngineCore's gloo listeners (on
+    127.0.1.1, ports chosen at start) were open to every local user."""
+    h = fleet["host"]
+    listeners = sandbox.ssh(h, (
+        f"pids=$(cat /sys/fs/cgroup/system.slice/{UNIT}/cgroup.procs | paste -sd'|'); "
+        "ss -Hltnp | grep -E \"pid=($pids),\" | awk '{print $4}' | sort -u")).stdout.split()
+    others = [a.replace("*:", "127.0.0.1:", 1) for a in listeners if not a.endswith(f":{ENGINE_PORT}")]
+    assert others, listeners   # the engine core's own listeners (gloo, ...)
+    script = CONNECT_AS.replace("'", "'\\''")
+    for user, verdict in (("nobody", "ConnectionRefusedError"), (LOGIN_USER, "ConnectionRefusedError"),
+                          (layout.SERVICE_USER, "open")):
+        out = sandbox.ssh(h, f"runuser -u {user} -- python3 -c '{script}' {' '.join(others)}").stdout
+        got = dict(line.rsplit(" ", 1) for line in out.splitlines())
+        assert got == {a: verdict for a in others}, (user, got)
+

@@ -4,6 +4,8 @@ The rules' effect is proven on a sandbox host (tests/integration/test_hardening.
 other than root, gpuserve and nginx's gets a reset from the engine port. Here: what is rendered.
 """
 
+import re
+
 from gpuserve import engine_guard
 from gpuserve.layers.engine_guard import guard_of
 
@@ -76,15 +78,19 @@ def test_the_guard_follows_the_host_plan():
     assert guard.network == (not s.trusted_network)
 
 
-def test_engines_require_the_guard_unit():
+def _unit_with(**kw) -> str:
     import jinja2
 
     from gpuserve.layers.units import TEMPLATES
-    unit = jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
+    return jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
         deployment="m", engine="vllm", deployment_dir="/d", current="/d/current", secrets_env="/d/s",
         user_name="gpuserve", group_name="gpuserve", home="/h", cache="/c", start_timeout_s=60,
         stop_timeout_s=60, devices=[], supplementary_groups=[], after=[], loopback_only=True,
-        guard=engine_guard.UNIT)
+        guard=engine_guard.UNIT, **kw)
+
+
+def test_engines_require_the_guard_unit():
+    unit = _unit_with()
     assert f"Requires={engine_guard.UNIT}\n" in unit and f"After={engine_guard.UNIT}\n" in unit
     text = engine_guard.unit_text()
     assert f"ExecStart=/usr/sbin/nft -f {engine_guard.RULES_PATH}\n" in text
@@ -120,3 +126,20 @@ def test_the_monitor_guard_lets_only_root_and_prometheus_open_prometheus_and_ale
     assert engine_guard.requires_dropin(engine_guard.MONITOR_UNIT) == (
         "# Managed by gpuserve (pyinfra): no start without the guard (gpuserve/engine_guard.py)\n"
         "[Unit]\nRequires=gpuserve-monitor-guard.service\nAfter=gpuserve-monitor-guard.service\n")
+
+
+def test_every_listener_of_the_engine_is_guarded_not_only_its_serve_port():
+    """Issue 26 (7): EngineCore's gloo listeners on 127.0.1.1 were open to local users."""
+    rules = engine_guard.listeners_ruleset("mini-max", "gpuserve-mini-max.service", 8000,
+                                           ("root", "gpuserve"))
+    assert "table inet gpuserve_listeners_mini_max {" in rules
+    assert "delete table inet gpuserve_listeners_mini_max" in rules
+    assert 'elements = { "root", "gpuserve" }' in rules
+    assert ('oifname "lo" tcp dport != 8000 tcp flags & (syn | ack) == syn meta skuid != @users '
+            "meta mark set meta mark | 0x00260000") in rules
+    levels = re.findall(r'socket cgroupv2 level (\d) "system.slice/gpuserve-mini-max.service" '
+                        r"reject with tcp reset", rules)
+    assert levels == [str(n) for n in range(2, 9)]
+    unit = _unit_with(listeners="/etc/gpuserve/mini-max/listeners.nft")
+    assert "ExecStartPre=+/usr/sbin/nft -f /etc/gpuserve/mini-max/listeners.nft\n" in unit
+    assert unit.index("ExecStartPre=+") < unit.index("ExecStart=")
