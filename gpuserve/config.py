@@ -493,7 +493,7 @@ def _host_level(c: _Checker) -> dict[str, Any]:
 PROXY_LIMITS = {key: (schema.allowed(key).lo, schema.allowed(key).hi)  # key -> (minimum, maximum)
                 for key in ("proxy_prompt_body_kib", "proxy_body_kib", "proxy_rate_per_key",
                             "proxy_burst_per_key", "proxy_conn_per_key", "proxy_conn_per_address",
-                            "proxy_client_timeout_s")}
+                            "proxy_client_timeout_s", "proxy_prompt_conn_per_key", "proxy_max_messages")}
 
 
 def _proxy_access(c: _Checker) -> dict[str, Any]:

@@ -68,6 +68,8 @@ class ProxyLimits:
     conn_per_key: int = 32          # requests in flight per key
     conn_per_address: int = 64      # connections per client address (keys or not)
     client_timeout_s: int = 10      # header read (whole), body read (between reads), send, idle
+    prompt_conn_per_key: int = 8    # prompt requests in flight per client key (its fair share)
+    max_messages: int = 2048        # messages (input items, prompts) per prompt request
 
 
 def check_key(key: str) -> None:
@@ -109,10 +111,69 @@ def host_port(host: str, port: int) -> str:
     return f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# The prompt routes' cost limit (issue 26: 8 chats of 120,000 one-character messages, each
+# answered 400, stalled every other client for seconds while the engine templated and tokenized
+# them). nginx's njs module (Debian: libnginx-mod-http-js) reads the body (in memory:
+# client_body_buffer_size is the route's body limit) and counts its messages before the engine
+# sees it. N items of a JSON array need N-1 commas, so a body with fewer commas than the limit is
+# passed unparsed; only a larger one is parsed (JSON.parse: about 80 ms for 4 MB, bounded by the
+# body limit); past the limit: 413. Then the request goes on,
+# body and all, to the location that proxies it (an internal redirect).
+LIMITS_JS = f"{NGINX_DIR}/limits.js"
+NJS_PACKAGE = "libnginx-mod-http-js"
+LIMITS_JS_TEXT = """\
+// Managed by gpuserve (pyinfra): the prompt routes' message limit (gpuserve/proxy_conf.py)
+function commas_over(body, max) {
+    var n = 0, at = body.indexOf(',');
+    while (at >= 0) {
+        n += 1;
+        if (n >= max) {
+            return true;
+        }
+        at = body.indexOf(',', at + 1);
+    }
+    return false;
+}
+
+function items(j) {
+    var n = 0;
+    ['messages', 'input', 'prompt'].forEach(function (k) {
+        if (Array.isArray(j[k]) && j[k].length > n) {
+            n = j[k].length;
+        }
+    });
+    return n;
+}
+
+function prompt(r) {
+    var max = Number(r.variables.gpuserve_max_messages);
+    var body = r.requestText;
+    if (body && commas_over(body, max)) {
+        var n = 0;
+        try {
+            n = items(JSON.parse(body));
+        } catch (e) {
+            n = 0;   // not JSON: the engine answers that
+        }
+        if (n > max) {
+            r.headersOut['Content-Type'] = 'application/json';
+            r.return(413, '{"error": "' + n + ' messages in one request; at most ' + max +
+                     ' (proxy_max_messages)"}\\n');
+            return;
+        }
+    }
+    r.internalRedirect(r.variables.gpuserve_prompt_location);
+}
+
+export default {prompt};
+"""
+
+
 def common_conf() -> str:
     """http-level settings shared by every deployment (COMMON_CONF)."""
     return (
         "# Managed by gpuserve (pyinfra): settings of every gpuserve front\n"
+        f"js_import gpuserve_limits from {LIMITS_JS};\n"
         "map_hash_bucket_size 256;\n"
         "server_tokens off;\n"
         "# no query string (it may carry a credential) and no key: the key's id is logged instead\n"
@@ -191,6 +252,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "}\n",
         f"limit_req_zone ${v}_client zone={v}_rate:1m rate={lim.rate_per_key}r/s;\n",
         f"limit_conn_zone ${v}_client zone={v}_conn:1m;\n",
+        f"limit_conn_zone ${v}_client zone={v}_pconn:1m;\n",
         *(_gateway_maps(v, gateways) if gateways else
           [f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n"]),
         "\n",
@@ -240,6 +302,16 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         f"        proxy_pass http://{v}_engine/health;\n",
         "    }\n",
     ]
+    out += [
+        "\n",
+        "    # the prompt routes' requests, once limits.js counted their messages\n",
+        f"    location @{v}_prompt {{\n",
+        *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
+        f"        proxy_pass http://{v}_engine;\n",
+        "        proxy_buffering off;\n",
+        f"        proxy_read_timeout {read_timeout_s}s;\n",
+        "    }\n",
+    ]
     for location, body in CLIENT_ROUTES:
         size = lim.prompt_body_kib if body == "prompt" else lim.body_kib
         out += [
@@ -253,10 +325,11 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
                 "            return 403 \"{\\\"error\\\": \\\"a scrape key reaches the monitoring routes only\\\"}\\n\";\n",
                 "        }\n"]),
             f"        client_max_body_size {size}k;\n",
-            *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
-            f"        proxy_pass http://{v}_engine;\n",
-            "        proxy_buffering off;\n",
-            f"        proxy_read_timeout {read_timeout_s}s;\n",
+            *(_prompt_block(v, size, lim) if body == "prompt" else [
+                *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
+                f"        proxy_pass http://{v}_engine;\n",
+                "        proxy_buffering off;\n",
+                f"        proxy_read_timeout {read_timeout_s}s;\n"]),
             "    }\n",
         ]
     if not admin_routes:
@@ -278,6 +351,18 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
             *_operator_block(v, f"{v}_operator", deployment, read_timeout_s),
             "}\n"]
     return "".join(out)
+
+
+def _prompt_block(v: str, size_kib: int, lim: ProxyLimits) -> list[str]:
+    """A prompt route: the key's fair share of requests in flight, then limits.js counts the
+    messages (the body in memory) and hands the request to @<v>_prompt."""
+    return [
+        f"        limit_conn {v}_pconn {lim.prompt_conn_per_key};\n",
+        f"        client_body_buffer_size {size_kib}k;\n",
+        f"        set $gpuserve_max_messages {lim.max_messages};\n",
+        f"        set $gpuserve_prompt_location @{v}_prompt;\n",
+        "        js_content gpuserve_limits.prompt;\n",
+    ]
 
 
 def _operator_block(v: str, verdict: str, deployment: str, read_timeout_s: int) -> list[str]:

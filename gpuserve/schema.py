@@ -293,6 +293,12 @@ KEYS: tuple[Key, ...] = (
         _OTHER, H),
     Key("proxy_conn_per_key", 32, "int", Int(1, 100000), "requests in flight per client key "
         "(`limit_conn`); past it: 429", _OTHER, H),
+    Key("proxy_prompt_conn_per_key", 8, "int", Int(1, 100000), "prompt requests (the routes of "
+        "`proxy_prompt_body_kib`) in flight per client key: one key's fair share of the engine, so a "
+        "key cannot fill it alone; past it: 429 (operator keys are exempt)", _OTHER, H),
+    Key("proxy_max_messages", 2048, "int", Int(1, 1000000), "messages (or `input` items, or prompts "
+        "in a list) per prompt request, counted by nginx before the engine sees it: templating and "
+        "tokenizing a request's messages stalls every client of the engine; past it: 413", _OTHER, H),
     Key("proxy_conn_per_address", 64, "int", Int(1, 100000), "requests in flight per client address",
         _OTHER, H),
     Key("proxy_client_timeout_s", 10, "int", Int(1, 300), "header read (whole), body read (between two "

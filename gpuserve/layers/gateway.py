@@ -236,7 +236,8 @@ def gateway(settings: HostSettings) -> None:
 def _front(settings: HostSettings) -> None:
     """nginx on the gateway host: TLS, the clients' keys, the client routes to smg."""
     g = settings.gateway
-    apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
+    apt.packages(name=f"nginx, its njs module ({proxy_conf.NJS_PACKAGE}: the message limit) and openssl",
+                 packages=["nginx", proxy_conf.NJS_PACKAGE, "openssl"])
     default_site = files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default",
                               present=False)
     files.directory(name="Proxy configuration (0711)", path=NGINX_DIR, user="root", group="root",
@@ -244,6 +245,8 @@ def _front(settings: HostSettings) -> None:
     common = files.put(name="Proxy settings shared by the fronts", src=StringIO(proxy_conf.common_conf()),
                        dest=proxy_conf.COMMON_CONF, user="root", group="root",
                        mode="644")
+    limits_js = files.put(name="The prompt routes' message limit (njs)", src=StringIO(proxy_conf.LIMITS_JS_TEXT),
+                          dest=proxy_conf.LIMITS_JS, user="root", group="root", mode="644")
     old_common = files.file(name="No shared settings in their old place", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
     tls = proxy_layer.tls_files(host_plan(engine=False))
@@ -284,6 +287,6 @@ def _front(settings: HostSettings) -> None:
                     restarted=True, _if=dropin.did_change, **proxy_layer.NGINX_RETRY)
     server.shell(name="Reload nginx (gateway keys or configuration changed)",
                  commands=["nginx -t -q", proxy_layer.RELOAD_AND_WAIT],
-                 _if=any_changed(default_site, common, old_common, tls_conf, *tls, keys, op_keys, strip,
+                 _if=any_changed(default_site, common, limits_js, old_common, tls_conf, *tls, keys, op_keys, strip,
                                  conf),
                  **proxy_layer.NGINX_RETRY)

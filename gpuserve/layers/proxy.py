@@ -107,7 +107,8 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     settings = plan.settings
     if not settings.proxy:
         return
-    apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
+    apt.packages(name=f"nginx, its njs module ({proxy_conf.NJS_PACKAGE}: the message limit) and openssl",
+                 packages=["nginx", proxy_conf.NJS_PACKAGE, "openssl"])
     default_site = files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE,
                               present=False)
     # 0711: nginx's workers (www-data) only stat the drain flag here by name; they cannot list
@@ -119,6 +120,8 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                        src=StringIO(proxy_conf.common_conf()),
                        dest=proxy_conf.COMMON_CONF, user="root", group="root",
                        mode="644")
+    limits_js = files.put(name="The prompt routes' message limit (njs)", src=StringIO(proxy_conf.LIMITS_JS_TEXT),
+                          dest=proxy_conf.LIMITS_JS, user="root", group="root", mode="644")
     old_common = files.file(name="No shared settings in their old place (they defined the log format "
                                  "after a site that sorts first)", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
@@ -131,7 +134,7 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                        src=StringIO(proxy_conf.NGINX_DROPIN), dest=DROPIN, user="root", group="root",
                        mode="644")
     systemd.daemon_reload(name="Reload systemd units (nginx drop-in)", _if=dropin.did_change)
-    changed = [default_site, common, old_common, tls_conf, *tls]
+    changed = [default_site, common, limits_js, old_common, tls_conf, *tls]
     limits = proxy_conf.ProxyLimits(**settings.proxy_limits)
     for dep in settings.deployments:
         client_secret = plan.secret(dep.name, "client-keys")

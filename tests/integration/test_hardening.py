@@ -60,7 +60,7 @@ def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory
     return {"host": hosts[0], "certs": files, "key": fleet_view.client_key(sandbox),
             # per-key limits low enough to hit (group_data/sandbox.py sets them high for the load loops)
             "data": ["--data", f"operator_keys_file={operator_keys}", "--data", "proxy_rate_per_key=10",
-                     "--data", "proxy_burst_per_key=20"],
+                     "--data", "proxy_burst_per_key=20", "--data", "proxy_prompt_conn_per_key=2"],
             "operator_keys": operator_keys}
 
 
@@ -235,6 +235,66 @@ def test_one_request_cannot_stall_every_user(fleet, converged, sandbox):
     # proxy_client_timeout_s = 10: cut within ~10 s of the last byte (it was over 100 s)
     assert results["body"] is not None and results["body"] < 30, results
     assert results["header"] is not None and results["header"] < 20, results
+
+
+def _engine_4xx(sandbox, h) -> float:
+    """The engine's own count of 4xx answers on the chat route (it never saw what nginx refused)."""
+    out = sandbox.ssh(h, f"curl -fsS -m 10 http://127.0.0.1:{ENGINE_PORT}/metrics").stdout
+    return sum(float(line.rsplit(" ", 1)[1]) for line in out.splitlines()
+               if line.startswith("http_requests_total{") and 'status="4xx"' in line
+               and 'handler="/v1/chat/completions"' in line)
+
+
+def test_many_messages_never_reach_the_engine_and_a_key_holds_only_its_share(fleet, converged, sandbox):
+    """Issue 26 (3): 8 concurrent 4 MB chats of 120,000 one-character messages, inside every
+    limit, were each templated and tokenized by the engine (answered 400) while another client's
+    p50 went from 0.05 s to 7.8 s (bench/hardening.py measures it). Now nginx counts the
+    messages (proxy_max_messages) and refuses them before the engine; and a key holds at most
+    proxy_prompt_conn_per_key prompt requests in flight (2 here)."""
+    h, key = fleet["host"], fleet["key"]
+    time.sleep(3)   # the key's rate bucket drains (10 r/s, burst 20)
+    flood = {"model": "tiny-chat", "max_tokens": 4,
+             "messages": [{"role": "user", "content": "a"}] * 120_000}
+    before = _engine_4xx(sandbox, h)
+    answers = []
+
+    def send():
+        status, _, body = _request(sandbox, fleet, "POST", "/v1/chat/completions", key, flood, timeout=120)
+        answers.append((status, body[:120]))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(150)
+    # 2 at a time for this key (its fair share); the rest 429; none reaches the engine
+    assert {s for s, _ in answers} <= {413, 429} and len(answers) == 8, answers
+    assert any(s == 413 and b"120000 messages" in b and b"proxy_max_messages" in b for s, b in answers)
+    assert _engine_4xx(sandbox, h) == before
+    assert _chat(sandbox, fleet, key) == 200
+
+    # the fair share: two long streams hold the key's 2 slots; a third prompt request is 429,
+    # an operator key (exempt) is served meanwhile
+    long = {"model": "tiny-chat", "max_tokens": 300, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}]}
+    streams = [threading.Thread(target=lambda: _request(sandbox, fleet, "POST", "/v1/chat/completions",
+                                                        key, long, timeout=300)) for _ in range(2)]
+    for t in streams:
+        t.start()
+    running = 0
+    for _ in range(60):   # until both run in the engine (bounded)
+        out = sandbox.ssh(h, f"curl -fsS -m 10 http://127.0.0.1:{ENGINE_PORT}/metrics").stdout
+        running = sum(float(line.rsplit(" ", 1)[1]) for line in out.splitlines()
+                      if line.startswith("vllm:num_requests_running"))
+        if running >= 2:
+            break
+        time.sleep(0.5)
+    assert running >= 2, running
+    third = _chat(sandbox, fleet, key)
+    by_operator = _chat(sandbox, fleet, OPERATOR_KEY)
+    for t in streams:
+        t.join(300)
+    assert third == 429 and by_operator == 200, (third, by_operator)
 
 
 def test_key_rotation_shows_no_secret_in_any_pyinfra_output(fleet, converged, sandbox):

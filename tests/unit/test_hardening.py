@@ -41,8 +41,8 @@ def test_key_patterns_are_exact_and_case_sensitive():
 
 def test_clients_reach_only_the_inference_routes_and_everything_else_is_operator_only():
     locations = _locations(_conf())
-    client = [loc for loc in locations
-              if loc not in ("= /health", "/") and loc not in proxy_conf.MONITOR_ROUTES]
+    client = [loc for loc in locations if loc not in ("= /health", "/", "@gpuserve_minimax_prompt")
+              and loc not in proxy_conf.MONITOR_ROUTES]
     assert [loc for loc, _ in proxy_conf.CLIENT_ROUTES] == client
     for loc in client:
         assert 'if ($gpuserve_minimax_inference = 401) {\n            return 401' in locations[loc]
@@ -87,11 +87,43 @@ def test_a_front_without_admin_routes_proxies_only_health_and_the_client_routes(
     anything but /health and the client routes."""
     conf = _conf(deployment="gateway", admin_routes=False)
     locations = _locations(conf)
-    assert set(locations) == {"= /health", "/", *(loc for loc, _ in proxy_conf.CLIENT_ROUTES)}
+    assert set(locations) == {"= /health", "/", "@gpuserve_gateway_prompt",
+                              *(loc for loc, _ in proxy_conf.CLIENT_ROUTES)}
     assert locations["/"].strip().startswith("return 403")
     assert "proxy_pass" not in locations["/"]
     # the default keeps the operator routes (the serving hosts' fronts)
     assert "proxy_pass" in _locations(_conf())["/"]
+
+
+def test_prompt_routes_count_messages_and_hold_a_fair_share_per_key():
+    """Issue 26 (3): 8 concurrent chats of 120,000 one-character messages, inside every limit,
+    stalled everyone's inference. The prompt routes go through limits.js (njs), which refuses
+    more than max_messages, and each key holds at most prompt_conn_per_key of them at once."""
+    conf = _conf(limits=ProxyLimits(max_messages=500, prompt_conn_per_key=3))
+    locations = _locations(conf)
+    prompts = [loc for loc, body in proxy_conf.CLIENT_ROUTES if body == "prompt"]
+    for loc in prompts:
+        block = locations[loc]
+        assert "limit_conn gpuserve_minimax_pconn 3;" in block
+        assert "set $gpuserve_max_messages 500;" in block
+        assert "set $gpuserve_prompt_location @gpuserve_minimax_prompt;" in block
+        assert block.rstrip().endswith("js_content gpuserve_limits.prompt;")
+        assert "client_body_buffer_size 4096k;" in block   # the body in memory, for njs
+        assert "proxy_pass" not in block
+    for loc, body in proxy_conf.CLIENT_ROUTES:
+        if body != "prompt":
+            assert "js_content" not in locations[loc] and "proxy_pass" in locations[loc]
+    named = locations["@gpuserve_minimax_prompt"]
+    assert "proxy_pass http://gpuserve_minimax_engine;" in named
+    assert "include /etc/nginx/gpuserve/minimax.upstream-auth;" in named
+    # counted per client key id (operator keys exempt), like the other per-key limits
+    assert "limit_conn_zone $gpuserve_minimax_client zone=gpuserve_minimax_pconn:1m;" in conf
+    assert f"js_import gpuserve_limits from {proxy_conf.LIMITS_JS};" in proxy_conf.common_conf()
+    js = proxy_conf.LIMITS_JS_TEXT
+    assert "r.internalRedirect(r.variables.gpuserve_prompt_location)" in js
+    assert "r.return(413" in js and "export default {prompt};" in js
+    for name in ("messages", "input", "prompt"):
+        assert f"'{name}'" in js
 
 
 def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():
