@@ -85,10 +85,15 @@ def test_the_monitor_scrapes_every_target_and_nothing_is_open_to_clients(fleet, 
     # opens no inference and no operator route
     held = sandbox.ssh(monitor, "cat /etc/prometheus/gpuserve-keys/*").stdout
     assert SCRAPE_KEY in held and OPERATOR_KEY not in held
-    for path, body in (("/v1/chat/completions", {"model": "tiny-chat", "messages": []}),
-                       ("/openapi.json", None), ("/collective_rpc", {"method": "x"})):
+    for path, body in (("/openapi.json", None), ("/collective_rpc", {"method": "x"})):
         assert fleet_view.proxy_request(sandbox, serving, fleet["certs"], path, SCRAPE_KEY,
                                         body)[0] == 403, path
+    # inference, from the monitor (this machine is one of the serving host's gateway addresses)
+    chat = sandbox.ssh(monitor, f"echo 'Authorization: Bearer {SCRAPE_KEY}' | curl -sk -o /dev/null "
+                                "-w '%{http_code}' -m 20 -H @- -H 'Content-Type: application/json' "
+                                "-d '{\"model\": \"tiny-chat\", \"messages\": []}' "
+                                f"https://{serving.ip}:8443/v1/chat/completions", check=False).stdout
+    assert chat.strip() == "403", chat
     assert fleet_view.proxy_request(sandbox, serving, fleet["certs"], "/metrics", SCRAPE_KEY)[0] == 200
     release = hang.prometheus(sandbox, monitor, "gpuserve_release_info")
     assert [r["metric"]["host"] for r in release] == [serving.name]
