@@ -117,6 +117,36 @@ def test_a_client_key_is_refused_at_a_host_unless_it_comes_through_the_gateway(f
     assert _gw(fleet, sandbox, "/v1/chat/completions", fleet["key"], _chat())[0] == 200
 
 
+def _status(sandbox):
+    from pathlib import Path
+    import os
+    import subprocess
+    import sys
+
+    gpuserve = Path(sys.executable).with_name("gpuserve")
+    return subprocess.run([str(gpuserve), "status", INV], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(sandbox.instance)},
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def test_status_reports_the_gateway_and_fails_when_smg_is_down(fleet, sandbox):
+    """Issue 26 (4): with smg stopped the gateway answered 502 and gpuserve status exited 0."""
+    gw_name = fleet["gateway"].name
+    ok = _status(sandbox)
+    row = next(line for line in ok.stdout.splitlines() if line.startswith(gw_name))
+    assert ok.returncode == 0 and "ok (2)" in row, ok.stdout + ok.stderr   # smg and its nginx
+    sandbox.ssh(fleet["gateway"], f"systemctl stop {gateway.UNIT}")
+    try:
+        down = _status(sandbox)
+        row = next(line for line in down.stdout.splitlines() if line.startswith(gw_name))
+        assert down.returncode == 1, down.stdout + down.stderr
+        assert f"down: {gateway.UNIT} inactive" in row, down.stdout
+    finally:
+        sandbox.ssh(fleet["gateway"], f"systemctl start {gateway.UNIT}")
+    ids = [f"{h.name}/minimax" for h in fleet["serving"]]
+    assert all(gateway.serving_healthy(_wait_healthy(sandbox, fleet, ids), i) for i in ids)
+
+
 def _running(sandbox, h) -> float:
     out = sandbox.ssh(h, "curl -fsS --max-time 5 http://127.0.0.1:8000/metrics | "
                          "grep -E '^vllm:num_requests_running' || true").stdout
