@@ -6,11 +6,15 @@ Converged by deploys/serve.py from inventories/sandbox.py, as a user would. Thre
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 import ssl
+from pathlib import Path
 
 import pytest
 
@@ -118,11 +122,6 @@ def test_a_client_key_is_refused_at_a_host_unless_it_comes_through_the_gateway(f
 
 
 def _status(sandbox):
-    from pathlib import Path
-    import os
-    import subprocess
-    import sys
-
     gpuserve = Path(sys.executable).with_name("gpuserve")
     return subprocess.run([str(gpuserve), "status", INV], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(sandbox.instance)},
