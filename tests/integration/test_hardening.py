@@ -259,7 +259,10 @@ def test_many_messages_never_reach_the_engine_and_a_key_holds_only_its_share(fle
     answers = []
 
     def send():
-        status, _, body = _request(sandbox, fleet, "POST", "/v1/chat/completions", key, flood, timeout=120)
+        try:
+            status, _, body = _request(sandbox, fleet, "POST", "/v1/chat/completions", key, flood, timeout=120)
+        except OSError as exc:   # refused (429) before its 4 MB were read: nginx may close early
+            status, body = 0, repr(exc).encode()
         answers.append((status, body[:120]))
 
     threads = [threading.Thread(target=send) for _ in range(8)]
@@ -268,14 +271,14 @@ def test_many_messages_never_reach_the_engine_and_a_key_holds_only_its_share(fle
     for t in threads:
         t.join(150)
     # 2 at a time for this key (its fair share); the rest 429; none reaches the engine
-    assert {s for s, _ in answers} <= {413, 429} and len(answers) == 8, answers
+    assert {s for s, _ in answers} <= {413, 429, 0} and len(answers) == 8, answers
     assert any(s == 413 and b"120000 messages" in b and b"proxy_max_messages" in b for s, b in answers)
     assert _engine_4xx(sandbox, h) == before
     assert _chat(sandbox, fleet, key) == 200
 
     # the fair share: two long streams hold the key's 2 slots; a third prompt request is 429,
     # an operator key (exempt) is served meanwhile
-    long = {"model": "tiny-chat", "max_tokens": 300, "ignore_eos": True, "stream": True,
+    long = {"model": "tiny-chat", "max_tokens": 1500, "ignore_eos": True, "stream": True,
             "messages": [{"role": "user", "content": "Hi"}]}
     streams = [threading.Thread(target=lambda: _request(sandbox, fleet, "POST", "/v1/chat/completions",
                                                         key, long, timeout=300)) for _ in range(2)]
