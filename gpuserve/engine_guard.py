@@ -161,6 +161,21 @@ WantedBy=multi-user.target
 """
 
 
+# And in front of smg on a gateway host (its API with the admin routes, /workers, and its
+# metrics): only root (operators, gpuserve's rollout steps over SSH) and nginx's workers, which
+# proxy the client routes to it and the metrics to the monitor (docs/gateway.md).
+GATEWAY_TABLE = "gpuserve_gateway"
+GATEWAY_RULES_PATH = "/etc/gpuserve-gateway-guard.nft"
+GATEWAY_UNIT = "gpuserve-gateway-guard.service"
+GATEWAY_USERS = ("root", PROXY_USER)
+
+
+def gateway_guard(ports: Iterable[int]) -> Guard:
+    """smg's ports for GATEWAY_USERS only, on loopback (smg listens there; its metrics may also
+    listen on the monitor network, which the guard leaves to the network's own rules)."""
+    return Guard(tuple(sorted(set(ports))), GATEWAY_USERS, network=False)
+
+
 def monitor_guard(ports: Iterable[int]) -> Guard:
     """Prometheus's and alertmanager's ports (gpuserve.monitoring) for MONITOR_USERS only."""
     return Guard(tuple(sorted(set(ports))), MONITOR_USERS, network=True)

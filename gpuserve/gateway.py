@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from gpuserve import layout, schema
+from gpuserve import engine_guard, layout, schema
 
 # Inventory groups whose hosts serve no model unless they also set gpu_model (a hardware group).
 # The monitoring tier adds "monitor" here the same way.
@@ -142,6 +142,9 @@ def unit(g: GatewaySettings, venv: str) -> str:
 Description=gpuserve fleet gateway (smg)
 After=network-online.target
 Wants=network-online.target
+# only root and nginx's workers open smg's ports on this host: no smg without the guard's table
+Requires={engine_guard.GATEWAY_UNIT}
+After={engine_guard.GATEWAY_UNIT}
 StartLimitIntervalSec=600
 StartLimitBurst=20
 

@@ -111,7 +111,7 @@ def host_units(settings, monitored: bool) -> list[str]:
     if settings.serves:
         units.append(engine_guard.UNIT)
     if settings.gateway:
-        units += [gateway.UNIT, "nginx.service"]
+        units += [engine_guard.GATEWAY_UNIT, gateway.UNIT, "nginx.service"]
     if monitored:
         if not (settings.serves and settings.proxy) and "nginx.service" not in units:
             units.append("nginx.service")   # the exporters' TLS front
@@ -121,7 +121,7 @@ def host_units(settings, monitored: bool) -> list[str]:
             if settings.stack.vendor == "nvidia" and settings.stack.dcgm:
                 units.append(f"{stack.DCGM_EXPORTER_UNIT}.service")
         if monitoring.MONITOR_GROUP in settings.groups:
-            units += ["prometheus.service", "prometheus-alertmanager.service"]
+            units += [engine_guard.MONITOR_UNIT, "prometheus.service", "prometheus-alertmanager.service"]
     return units
 
 

@@ -31,7 +31,7 @@ from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, gateway as gw, proxy_conf, wheelhouse
+from gpuserve import api_keys, engine_guard, gateway as gw, proxy_conf, wheelhouse
 from gpuserve import engine as eng
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers import proxy as proxy_layer
@@ -212,6 +212,21 @@ def gateway(settings: HostSettings) -> None:
                        dest=gw.WORKERS_CA, user="root", group="root", mode="644")
     else:
         ca = None   # the first operation above wrote it (and restarted smg when it changed)
+    # smg's API (admin routes included) and metrics: only root and nginx's workers open them here
+    guard = engine_guard.gateway_guard((g.smg_port, g.metrics_port))
+    apt.packages(name="nftables (nft) for the gateway guard", packages=["nftables"])
+    guard_rules = files.put(
+        name=f"Gateway guard ruleset: only {', '.join(guard.users)} open {', '.join(map(str, guard.ports))}",
+        src=StringIO(engine_guard.ruleset(guard, engine_guard.GATEWAY_TABLE)),
+        dest=engine_guard.GATEWAY_RULES_PATH, user="root", group="root", mode="644")
+    guard_unit = files.put(
+        name="Gateway guard unit", dest=f"/etc/systemd/system/{engine_guard.GATEWAY_UNIT}",
+        src=StringIO(engine_guard.unit_text(engine_guard.GATEWAY_RULES_PATH, engine_guard.GATEWAY_TABLE,
+                                            "gateway guard: only root and nginx open smg's ports")),
+        user="root", group="root", mode="644")
+    systemd.service(name="Gateway guard loaded, and at boot", service=engine_guard.GATEWAY_UNIT,
+                    running=True, enabled=True, reloaded=guard_rules.will_change,
+                    daemon_reload=guard_unit.will_change, _retries=2, _retry_delay=3)
     venv_dir = gw.venv_dir(g.smg_version, settings.python_version)
     unit = files.put(name=f"{gw.UNIT} (smg on 127.0.0.1:{g.smg_port}, no secret)",
                      src=StringIO(gw.unit(g, venv_dir)), dest=f"/etc/systemd/system/{gw.UNIT}",

@@ -107,6 +107,11 @@ def test_the_gateways_admin_api_and_metrics_are_unreachable_from_the_network(fle
     assert set(_gateway_states(sandbox, fleet)) == set(before)   # no worker added
     # the operator key still reaches the client routes
     assert _gw(fleet, sandbox, "/v1/chat/completions", OPERATOR_KEY, _chat())[0] == 200
+    # on the gateway host, only root and nginx's workers open smg's ports (the gateway guard)
+    for user, want in (("nobody", "000"), ("www-data", "200"), ("root", "200")):
+        got = sandbox.ssh(fleet["gateway"], f"runuser -u {user} -- curl -s -o /dev/null -w '%{{http_code}}' "
+                                            "-m 10 http://127.0.0.1:30000/workers", check=False).stdout
+        assert got.strip() == want, (user, got)
     # and smg's command line carries no secret
     cmdline = sandbox.ssh(fleet["gateway"], "systemctl show -p ExecStart --value gpuserve-gateway").stdout
     assert fleet["key"] not in cmdline and "api-key" not in cmdline
@@ -133,7 +138,7 @@ def test_status_reports_the_gateway_and_fails_when_smg_is_down(fleet, sandbox):
     gw_name = fleet["gateway"].name
     ok = _status(sandbox)
     row = next(line for line in ok.stdout.splitlines() if line.startswith(gw_name))
-    assert ok.returncode == 0 and "ok (2)" in row, ok.stdout + ok.stderr   # smg and its nginx
+    assert ok.returncode == 0 and "ok (3)" in row, ok.stdout + ok.stderr   # smg, its guard, nginx
     sandbox.ssh(fleet["gateway"], f"systemctl stop {gateway.UNIT}")
     try:
         down = _status(sandbox)

@@ -143,3 +143,20 @@ def test_every_listener_of_the_engine_is_guarded_not_only_its_serve_port():
     unit = _unit_with(listeners="/etc/gpuserve/mini-max/listeners.nft")
     assert "ExecStartPre=+/usr/sbin/nft -f /etc/gpuserve/mini-max/listeners.nft\n" in unit
     assert unit.index("ExecStartPre=+") < unit.index("ExecStart=")
+
+
+def test_the_gateway_guard_lets_only_root_and_nginx_open_smg_and_smg_requires_it():
+    """Issue 26 (1): smg's admin API (/workers: add a worker, get the clients' chats) answered
+    every local user of the gateway host on loopback."""
+    from gpuserve import gateway
+
+    rules = engine_guard.ruleset(engine_guard.gateway_guard((30000, 29000)), engine_guard.GATEWAY_TABLE)
+    assert "table inet gpuserve_gateway {" in rules and "elements = { 29000, 30000 }" in rules
+    assert 'elements = { "root", "www-data" }' in rules
+    assert 'oifname "lo" ip daddr 127.0.0.0/8 tcp dport @engine_ports' in rules
+    g = gateway.GatewaySettings(bind="0.0.0.0", port=9443, smg_port=30000, metrics_host="127.0.0.1",
+                                metrics_port=29000, policy="cache_aware", balance_abs_threshold=4,
+                                balance_rel_threshold=1.2, sticky_header=None, health_interval_s=5,
+                                health_failures=1, smg_version="1.13.0", workers_ca_file=None, addresses=())
+    unit = gateway.unit(g, "/v")
+    assert "Requires=gpuserve-gateway-guard.service\nAfter=gpuserve-gateway-guard.service\n" in unit

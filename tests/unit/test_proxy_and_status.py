@@ -55,8 +55,8 @@ def test_status_lists_every_unit_gpuserve_runs_on_each_kind_of_host(tmp_path):
         "gpuserve-engine-guard.service", "nginx.service", "prometheus-node-exporter.service",
         "gpuserve-watchdog@minimax.service"]
     assert status.host_units(mon, monitored=True) == [
-        "nginx.service", "prometheus-node-exporter.service", "prometheus.service",
-        "prometheus-alertmanager.service"]
+        "nginx.service", "prometheus-node-exporter.service", "gpuserve-monitor-guard.service",
+        "prometheus.service", "prometheus-alertmanager.service"]
     assert status.host_units(gpu, monitored=False) == ["gpuserve-engine-guard.service"]
 
 
