@@ -38,6 +38,7 @@ from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings, host_plan
 from gpuserve.layers.engine import uv_binary
+from gpuserve.layers.engine_guard import service_guard
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
 
 NGINX_DIR = proxy_conf.NGINX_DIR
@@ -213,20 +214,8 @@ def gateway(settings: HostSettings) -> None:
     else:
         ca = None   # the first operation above wrote it (and restarted smg when it changed)
     # smg's API (admin routes included) and metrics: only root and nginx's workers open them here
-    guard = engine_guard.gateway_guard((g.smg_port, g.metrics_port))
-    apt.packages(name="nftables (nft) for the gateway guard", packages=["nftables"])
-    guard_rules = files.put(
-        name=f"Gateway guard ruleset: only {', '.join(guard.users)} open {', '.join(map(str, guard.ports))}",
-        src=StringIO(engine_guard.ruleset(guard, engine_guard.GATEWAY_TABLE)),
-        dest=engine_guard.GATEWAY_RULES_PATH, user="root", group="root", mode="644")
-    guard_unit = files.put(
-        name="Gateway guard unit", dest=f"/etc/systemd/system/{engine_guard.GATEWAY_UNIT}",
-        src=StringIO(engine_guard.unit_text(engine_guard.GATEWAY_RULES_PATH, engine_guard.GATEWAY_TABLE,
-                                            "gateway guard: only root and nginx open smg's ports")),
-        user="root", group="root", mode="644")
-    systemd.service(name="Gateway guard loaded, and at boot", service=engine_guard.GATEWAY_UNIT,
-                    running=True, enabled=True, reloaded=guard_rules.will_change,
-                    daemon_reload=guard_unit.will_change, _retries=2, _retry_delay=3)
+    service_guard("gateway", engine_guard.gateway_guard((g.smg_port, g.metrics_port)),
+                  engine_guard.GATEWAY_TABLE, engine_guard.GATEWAY_RULES_PATH, engine_guard.GATEWAY_UNIT)
     venv_dir = gw.venv_dir(g.smg_version, settings.python_version)
     unit = files.put(name=f"{gw.UNIT} (smg on 127.0.0.1:{g.smg_port}, no secret)",
                      src=StringIO(gw.unit(g, venv_dir)), dest=f"/etc/systemd/system/{gw.UNIT}",

@@ -30,6 +30,7 @@ from gpuserve import api_keys, certs, engine_guard, monitoring, proxy_conf, stac
 from gpuserve.config import HostSettings
 from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
+from gpuserve.layers.engine_guard import service_guard
 
 EXPORTERS_DIR = "/etc/nginx/gpuserve-exporters"   # root 0700: its TLS key
 EXPORTERS_CONF = "/etc/nginx/conf.d/gpuserve--exporters.conf"   # no deployment has this name
@@ -228,26 +229,10 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
         dest="/etc/default/prometheus-alertmanager", user="root", group="root", mode="644")
     # only root and Prometheus's own user open 9090 and 9093 (any local user could silence
     # every alert: issue 26); Prometheus and alertmanager do not start without the guard
-    guard = engine_guard.monitor_guard((monitoring.PROMETHEUS_PORT, monitoring.ALERTMANAGER_PORT))
-    apt.packages(name="nftables (nft) for the monitor guard", packages=["nftables"])
-    guard_rules = files.put(
-        name=f"Monitor guard ruleset: only {', '.join(guard.users)} open {', '.join(map(str, guard.ports))}",
-        src=StringIO(engine_guard.ruleset(guard, engine_guard.MONITOR_TABLE)),
-        dest=engine_guard.MONITOR_RULES_PATH, user="root", group="root", mode="644")
-    guard_unit = files.put(
-        name="Monitor guard unit", dest=f"/etc/systemd/system/{engine_guard.MONITOR_UNIT}",
-        src=StringIO(engine_guard.unit_text(engine_guard.MONITOR_RULES_PATH, engine_guard.MONITOR_TABLE,
-                                            "monitor guard: only root and Prometheus open 9090 and 9093")),
-        user="root", group="root", mode="644")
-    needs = [files.put(name=f"{svc} requires the monitor guard (drop-in)",
-                       src=StringIO(engine_guard.requires_dropin(engine_guard.MONITOR_UNIT)),
-                       dest=f"/etc/systemd/system/{svc}.service.d/gpuserve-guard.conf",
-                       user="root", group="root", mode="644")
-             for svc in ("prometheus", "prometheus-alertmanager")]
-    systemd.service(name="Monitor guard loaded, and at boot", service=engine_guard.MONITOR_UNIT,
-                    running=True, enabled=True, reloaded=guard_rules.will_change,
-                    daemon_reload=guard_unit.will_change or any(n.will_change for n in needs),
-                    _retries=2, _retry_delay=3)
+    service_guard("monitor", engine_guard.monitor_guard((monitoring.PROMETHEUS_PORT,
+                                                         monitoring.ALERTMANAGER_PORT)),
+                  engine_guard.MONITOR_TABLE, engine_guard.MONITOR_RULES_PATH, engine_guard.MONITOR_UNIT,
+                  dependents=("prometheus", "prometheus-alertmanager"))
     server.shell(name="promtool checks the configuration",
                  commands=[f"promtool check config {shlex.quote(monitoring.PROMETHEUS_YML)} >/dev/null"],
                  _if=any_changed(rules, conf, *secrets, *cas))
