@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuserve import gateway
+from gpuserve.layers.gateway import smg_ready_command
 from gpuserve_sandbox import fleet as fleet_view
 
 INV, SERVE, GATEWAY = "inventories/sandbox.py", "deploys/serve.py", "deploys/gateway.py"
@@ -147,6 +148,8 @@ def test_status_reports_the_gateway_and_fails_when_smg_is_down(fleet, sandbox):
         assert f"down: {gateway.UNIT} inactive" in row, down.stdout
     finally:
         sandbox.ssh(fleet["gateway"], f"systemctl start {gateway.UNIT}")
+    # smg answers a few seconds after its start (bounded: layers.gateway.SMG_READY_S)
+    sandbox.ssh(fleet["gateway"], smg_ready_command(30000), timeout=120)
     ids = [f"{h.name}/minimax" for h in fleet["serving"]]
     assert all(gateway.serving_healthy(_wait_healthy(sandbox, fleet, ids), i) for i in ids)
 
