@@ -28,10 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from gpuserve import layout
+
 TABLE = "gpuserve"
-RULES_PATH = "/etc/gpuserve/engine-guard.nft"
+RULES_PATH = layout.ENGINE_GUARD_RULES
 UNIT = "gpuserve-engine-guard.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+UNIT_PATH = layout.systemd_unit_path(UNIT)
 NFT = "/usr/sbin/nft"
 # Debian's nginx starts its workers as www-data (/etc/nginx/nginx.conf `user www-data;`): they are
 # what opens the engine's port for clients
@@ -55,7 +57,7 @@ def plan(ports: Iterable[int], *, service_user: str, proxy: bool, trusted_networ
 # alert. Only root (operators: sudo or ssh) and Prometheus's own user (Debian runs both as
 # prometheus; Prometheus sends its alerts to alertmanager) open them.
 MONITOR_TABLE = "gpuserve_monitor"
-MONITOR_RULES_PATH = "/etc/gpuserve-monitor-guard.nft"
+MONITOR_RULES_PATH = layout.MONITOR_GUARD_RULES
 MONITOR_UNIT = "gpuserve-monitor-guard.service"
 MONITOR_USERS = ("root", "prometheus")
 
@@ -165,7 +167,7 @@ WantedBy=multi-user.target
 # metrics): only root (operators, gpuserve's rollout steps over SSH) and nginx's workers, which
 # proxy the client routes to it and the metrics to the monitor (docs/gateway.md).
 GATEWAY_TABLE = "gpuserve_gateway"
-GATEWAY_RULES_PATH = "/etc/gpuserve-gateway-guard.nft"
+GATEWAY_RULES_PATH = layout.GATEWAY_GUARD_RULES
 GATEWAY_UNIT = "gpuserve-gateway-guard.service"
 GATEWAY_USERS = ("root", PROXY_USER)
 

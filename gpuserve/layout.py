@@ -124,6 +124,10 @@ STACK_MOVING = f"{STACK_STATE_DIR}/moving"        # a stack move began here and 
 PATCH_MOVING = f"{STACK_STATE_DIR}/patching"      # an OS-update move began here and has not finished
 EXPORTERS_DIR = f"{NGINX_ETC_DIR}/gpuserve-exporters"   # the exporters' TLS front's key pair (layers/monitoring.py)
 EXPORTERS_CONF = f"{NGINX_CONF_D}/gpuserve--exporters.conf"   # its site; no deployment has this name
+# the nftables guards (gpuserve.engine_guard): each ruleset file its unit loads with nft -f
+ENGINE_GUARD_RULES = f"{ETC_DIR}/engine-guard.nft"
+MONITOR_GUARD_RULES = "/etc/gpuserve-monitor-guard.nft"     # on the monitor: Prometheus, alertmanager
+GATEWAY_GUARD_RULES = "/etc/gpuserve-gateway-guard.nft"     # on a gateway host: smg
 GATEWAY_STATE_DIRS = ("/var/lib/gpuserve-gateway",   # smg's StateDirectory (DynamicUser: a link to private/)
                       "/var/lib/private/gpuserve-gateway")
 
@@ -131,6 +135,11 @@ GATEWAY_STATE_DIRS = ("/var/lib/gpuserve-gateway",   # smg's StateDirectory (Dyn
 def systemd_unit_path(unit: str) -> str:
     """``/etc/systemd/system/<unit>``: where gpuserve writes a unit file."""
     return posixpath.join(SYSTEMD_DIR, unit)
+
+
+def systemd_dropin_path(service: str, name: str) -> str:
+    """``/etc/systemd/system/<service>.service.d/<name>``: a drop-in gpuserve adds to a service."""
+    return posixpath.join(SYSTEMD_DIR, f"{service}.service.d", name)
 
 
 def unit_path(deployment: str) -> str:

@@ -49,13 +49,13 @@ def service_guard(what: str, guard: engine_guard.Guard, table: str, rules_path: 
         src=StringIO(engine_guard.ruleset(guard, table)), dest=rules_path, user="root", group="root",
         mode="644")
     unit_file = files.put(
-        name=f"{what.capitalize()} guard unit", dest=f"/etc/systemd/system/{unit}",
+        name=f"{what.capitalize()} guard unit", dest=layout.systemd_unit_path(unit),
         src=StringIO(engine_guard.unit_text(rules_path, table, f"{what} guard: only {', '.join(guard.users)} "
                                             f"open {', '.join(map(str, guard.ports))}")),
         user="root", group="root", mode="644")
     needs = [files.put(name=f"{svc} requires the {what} guard (drop-in)",
                        src=StringIO(engine_guard.requires_dropin(unit)),
-                       dest=f"/etc/systemd/system/{svc}.service.d/gpuserve-guard.conf",
+                       dest=layout.systemd_dropin_path(svc, "gpuserve-guard.conf"),
                        user="root", group="root", mode="644")
              for svc in dependents]
     systemd.service(name=f"{what.capitalize()} guard loaded, and at boot", service=unit, running=True,
