@@ -162,6 +162,7 @@ class HostSettings:
     warnings: tuple[str, ...] = ()
     # the rollout lock (gpuserve.rollout)
     rollout_lock_stale_s: int = schema.default("rollout_lock_stale_s")
+    max_fail_percentage: int = schema.default("max_fail_percentage")
     force_unlock: str | None = schema.default("force_unlock")
     # engine venv build (gpuserve.engine)
     uv_version: str = schema.default("uv_version")
@@ -473,6 +474,7 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
         c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
     stale = c.ranged("rollout_lock_stale_s")
+    fail_pct = c.ranged("max_fail_percentage")
     force = c.get("force_unlock")
     if force is not None and not (isinstance(force, str) and rollout.RUN_ID.fullmatch(force)):
         c.problem("force_unlock", f"{force!r} is not a rollout run id (12 hex digits, printed by the "
@@ -487,7 +489,7 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     return dict(rollback_stack=rollback_stack, nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, drain_timeout_s=drain_timeout,
                 proxy=proxy, proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
-                force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))
+                max_fail_percentage=fail_pct, force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))
 
 
 PROXY_LIMITS = {key: (schema.allowed(key).lo, schema.allowed(key).hi)  # key -> (minimum, maximum)

@@ -244,6 +244,11 @@ KEYS: tuple[Key, ...] = (
         "of service at once during a rollout; a percentage counts the hosts in the run (after "
         "`--limit`), rounded down, at least 1 (`\"10%\"` of 25 hosts is 2, of 5 hosts 1); with "
         "different values across hosts the smallest batch wins", _OTHER, H),
+    Key("max_fail_percentage", 0, "int", Int(0, 100), "hosts of a rollout that may be unreachable or "
+        "fail to prepare (staging, facts), as a percentage of the run's hosts: within it the rollout "
+        "moves the rest, names the hosts it skipped and exits non-zero (a rerun finishes them); over "
+        "it, nothing moves. 0: any such host stops the rollout before it starts (as Ansible's "
+        "`max_fail_percentage`)", _OTHER, H),
     Key("rollout_lock_stale_s", 7200, "int", Int(60, 7 * 86400), "the rollout lock (below) may be "
         "broken once it has not been refreshed this long; a running rollout refreshes it at every "
         "batch and every quarter of this (at most 5 minutes)", _OTHER, H),

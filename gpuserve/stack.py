@@ -502,6 +502,32 @@ def module_differs(loaded: str | None, installed_pkg_version: str | None) -> boo
     return loaded is None or not version_matches(installed_pkg_version, loaded)
 
 
+def reboot_needed(t: "StackTarget", vendor: str | None, loaded: str | None) -> str:
+    """Why moving to ``t`` must reboot the host ("" when it need not): its kernel module package
+    pins a version that is not the loaded module's. Known before anything is installed, so a
+    rollout refuses a move it could not finish before the host leaves rotation. NVIDIA only: the
+    amdgpu module's version does not follow the ROCm release it ships with."""
+    if vendor != "nvidia":
+        return ""
+    wanted = next((p.version for p in t.specs if p.name == t.module_package), None)
+    if wanted is None or (loaded is not None and version_matches(loaded, wanted)):
+        return ""
+    return f"loading kernel module {wanted} (loaded now: {loaded or 'none'})"
+
+
+FREE_SPACE_COMMAND = "df -Pk /var/cache/apt/archives /var/lib/dkms /usr 2>/dev/null || df -Pk /var /usr"
+
+
+def free_mib(df_output: str) -> int | None:
+    """The least free space (MiB) among the filesystems ``df -Pk`` listed; None when unreadable."""
+    free = []
+    for line in df_output.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 6 and parts[3].isdigit():
+            free.append(int(parts[3]) // 1024)
+    return min(free) if free else None
+
+
 def reboot_refused_message(host: str, what: str, installed: str, loaded: str | None) -> str:
     return (f"{host}: a reboot is needed to load {what} {upstream(installed)} (loaded now: "
             f"{loaded or 'none'}), and this host may not be rebooted (reboot: never). The packages "
