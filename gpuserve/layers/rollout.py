@@ -11,13 +11,15 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import sys
 import time
 import uuid
 
 import gevent
 from pyinfra import host, logger
-from pyinfra.api.exceptions import OperationError
-from pyinfra.context import ctx_state
+from pyinfra.api.exceptions import OperationError, PyinfraError
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import python
 
 from gpuserve import layout, patch, rollout
@@ -77,7 +79,7 @@ def _roll(state, host, kind: str) -> bool:
         per_kind = min((settings[n].monitor.canary_hosts for n in serving), default=1)
         # one canary (or canary_hosts) per hardware kind; never more hosts out than max_unavailable
         plan, canaries = rollout.canary_plan(moves, order, max_unavailable, min(per_kind, max_unavailable),
-                                             kind_of={n: settings[n].recipe for n in order})
+                                             kind_of={n: hardware_kind(settings[n]) for n in order})
         why = next((w for b in plan[:canaries] if (w := canary_bake.refusal(settings, b))), None)
         if why:
             logger.error(f"--> {why}")
@@ -116,6 +118,12 @@ def _roll(state, host, kind: str) -> bool:
     return True
 
 
+def hardware_kind(s: HostSettings) -> str:
+    """What a canary stands for: the recipe, and the GPUs it runs on (a recipe can serve more than
+    one GPU model; a release that works on one can fail on another)."""
+    return f"{s.recipe} on {s.hardware.gpu_count}x {s.hardware.gpu_model}"
+
+
 def _skipped_hosts(state, kind: str, settings: dict[str, HostSettings]) -> list[str] | None:
     """The hosts of this run that are unreachable or failed to prepare, when the rollout may go on
     without them (max_fail_percentage, the strictest of the run's hosts); None (logged) when not."""
@@ -130,6 +138,59 @@ def _skipped_hosts(state, kind: str, settings: dict[str, HostSettings]) -> list[
         logger.warning(f"    [{name}] unreachable or failed to prepare: skipped by this {kind} "
                        f"(max_fail_percentage = {budget})")
     return failed
+
+
+# --- one writer at a time: deploys that touch rotation outside a rollout ---------------------------
+
+def hold_writer_lock(kind: str) -> None:
+    """For a deploy that writes what a rollout moves (a gateway's worker file, drain flags, units:
+    deploys/serve.py, deploys/gateway.py): take the rollout lock on this host while the deploy
+    prepares, keep it fresh while it runs, and give it back when its last operation has ended.
+    During a rollout the deploy refuses before any host is touched, naming the rollout; a rollout
+    started meanwhile refuses, naming this run. Not an operation (a second converge still changes
+    nothing); with --dry only a warning when the lock is held. pyinfra --serial/--no-wait do not
+    end operations one by one: there the lock stays until this process is gone (the next run on
+    this control node breaks it) or rollout_lock_stale_s passes."""
+    state = ctx_state.get()
+    settings = all_settings()
+    if "--dry" in sys.argv:
+        held = _shell(host, f"cat {rollout.LOCK_FILE} 2>/dev/null", COMMAND_TIMEOUT_S)[1].stdout
+        if held.strip():
+            h = LockHolder.from_json(held)
+            logger.warning(f"    [{host.name}] the rollout lock is held by "
+                           f"{h.describe(time.time()) if h else 'an unreadable lock'}: a real run refuses")
+        return
+    writer = getattr(state, "_gpuserve_writer", None)
+    if writer is None:
+        writer = state._gpuserve_writer = _Writer(_holder(kind))
+        state.add_callback_handler(writer)
+    try:
+        writer.hosts += _lock_all([ctx_host.get()], writer.me, settings)
+    except OperationError as exc:
+        writer.release()
+        raise PyinfraError(str(exc)) from None
+    if writer.refresher is None:
+        stale = settings[host.name].rollout_lock_stale_s
+        writer.refresher = gevent.spawn(_keep_fresh, writer.hosts, writer.me, max(5.0, min(stale / 4, 300.0)))
+
+
+class _Writer(BaseStateCallback):
+    """The lock a converge holds; released when the run's last operation ends."""
+
+    def __init__(self, me: LockHolder):
+        self.me, self.hosts, self.refresher, self.last = me, [], None, None
+
+    def operation_end(self, state, op_hash) -> None:
+        if self.last is None:
+            self.last = state.get_op_order()[-1]
+        if op_hash == self.last:
+            self.release()
+
+    def release(self) -> None:
+        if self.refresher is not None:
+            self.refresher.kill()
+        _unlock(self.hosts, self.me)
+        self.hosts.clear()
 
 
 def _keep_fresh(hosts: list, me: LockHolder, every_s: float) -> None:
@@ -232,7 +293,9 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
         by_host: dict[str, list[Move]] = {}
         for move in batch:
             by_host.setdefault(move.host, []).append(move)
-        logger.info(f"--> {kind} batch {i}/{len(plan)}: {', '.join(by_host)}")
+        canary = (f" (canary of {', '.join(sorted({hardware_kind(settings[n]) for n in by_host}))})"
+                  if kind == "upgrade" and i <= canaries and i < len(plan) else "")
+        logger.info(f"--> {kind} batch {i}/{len(plan)}: {', '.join(by_host)}{canary}")
         try:
             beat()
         except _MoveFailed as exc:

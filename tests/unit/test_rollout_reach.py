@@ -13,7 +13,7 @@ import pytest
 from gpuserve import rollout
 from gpuserve.layers import rollout as layer
 from gpuserve.layers import rotation
-from gpuserve.rollout import Move, StackMove
+from gpuserve.rollout import LockHolder, Move, StackMove
 
 from .helpers import key_file, make_inventory, settings_of
 from .test_rollout_moves import RecordingHost
@@ -83,8 +83,9 @@ def _run(tmp_path, monkeypatch, failed, moves=None, kinds=None, **data):
     inv = make_inventory(host_data={"proxy": True, "api_keys_file": str(keys), "drain_s": 0,
                                     "canary_bake_s": 0, **data}, hosts=tuple(names))
     settings = {n: settings_of(inv, n) for n in names}
-    for n, kind in (kinds or {}).items():
-        settings[n] = settings[n].__class__(**{**settings[n].__dict__, "recipe": kind})
+    for n, (model, count) in (kinds or {}).items():
+        hw = settings[n].hardware.__class__(model, count)
+        settings[n] = settings[n].__class__(**{**settings[n].__dict__, "hardware": hw})
     hosts = {n: Fleet(n) for n in names}
     state = SimpleNamespace(inventory=list(hosts.values()),
                             failed_hosts={hosts[n] for n in failed},
@@ -126,10 +127,12 @@ def test_an_unreachable_host_over_the_budget_stops_the_rollout_before_any_move(t
 
 
 def test_a_mixed_fleet_moves_one_canary_per_recipe_first(tmp_path, monkeypatch):
-    kinds = {"h1": "hopper_x8", "h2": "hopper_x8", "h3": "b200_x8", "h4": "b200_x8"}
+    kinds = {"h1": ("H200", 8), "h2": ("H200", 8), "h3": ("B200", 8), "h4": ("B200", 8)}
     ok, hosts, logged, order = _run(tmp_path, monkeypatch, failed=set(), kinds=kinds)
     assert ok is True, logged
     assert order == ["h1", "h3", "h2", "h4"]
+    # the same recipe on other GPUs is another kind: its own canary
+    assert layer.hardware_kind(layer.all_settings()["h3"]).endswith("on 8x B200")
 
 
 def test_a_driver_bump_that_needs_a_refused_reboot_moves_no_host(tmp_path, monkeypatch):
@@ -139,3 +142,69 @@ def test_a_driver_bump_that_needs_a_refused_reboot_moves_no_host(tmp_path, monke
     assert ok is False and order == []
     assert not any(h.ran for h in hosts.values())
     assert any("refused before any host left rotation: h1: loading kernel module 2" in m for m in logged)
+
+
+# --- one writer at a time: deploys/serve.py and deploys/gateway.py hold the rollout lock -----------
+
+class LockHost(Fleet):
+    """Keeps a rollout lock file as the lock commands would."""
+
+    def __init__(self, name, held: str | None = None):
+        super().__init__(name)
+        self.lock = held
+
+    def run_shell_command(self, command, _sudo=False, _timeout=None):
+        text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
+        if rollout.LOCK_TAKEN in text:
+            self.ran.append("take")
+            if self.lock is None:
+                self.lock = "ours"
+                return True, SimpleNamespace(stdout=rollout.LOCK_TAKEN, stderr="", output="")
+            out = f"{rollout.LOCK_HELD}\n{self.lock}"
+            return True, SimpleNamespace(stdout=out, stderr="", output=out)
+        if f"rm -f {rollout.LOCK_FILE}" in text:
+            self.ran.append("release")
+            if self.lock == "ours":
+                self.lock = None
+            return True, SimpleNamespace(stdout="", stderr="", output="")
+        return super().run_shell_command(command, _sudo, _timeout)
+
+
+def _converge(tmp_path, monkeypatch, hosts):
+    from pyinfra.context import ctx_host, ctx_state
+    keys = key_file(tmp_path)
+    inv = make_inventory(host_data={"proxy": True, "api_keys_file": str(keys)}, hosts=tuple(hosts))
+    settings = {n: settings_of(inv, n) for n in hosts}
+    monkeypatch.setattr(layer, "all_settings", lambda: settings)
+    handlers = []
+    state = SimpleNamespace(add_callback_handler=handlers.append, get_op_order=lambda: ["op1", "op2"])
+    for h in hosts.values():
+        with ctx_state.use(state), ctx_host.use(h):
+            layer.hold_writer_lock("converge")
+    return state, handlers
+
+
+def test_a_converge_holds_the_rollout_lock_until_its_last_operation_ends(tmp_path, monkeypatch):
+    hosts = {"h1": LockHost("h1"), "h2": LockHost("h2")}
+    state, handlers = _converge(tmp_path, monkeypatch, hosts)
+    assert all(h.lock == "ours" for h in hosts.values())
+    (writer,) = handlers
+    writer.operation_end(state, "op1")
+    assert all(h.lock == "ours" for h in hosts.values())     # still running
+    writer.operation_end(state, "op2")
+    assert all(h.lock is None for h in hosts.values())
+
+
+def test_a_converge_during_a_rollout_refuses_naming_it_and_gives_back_what_it_took(tmp_path, monkeypatch):
+    import time
+
+    from pyinfra.api.exceptions import PyinfraError
+    now = time.time()
+    rolling = LockHolder(run="r0123456789a", who="ops@ctl-b", node="ctl-b", pid=4242, kind="upgrade",
+                         since=now - 60, beat=now - 5)
+    hosts = {"h1": LockHost("h1"), "h2": LockHost("h2", held=rolling.to_json())}
+    with pytest.raises(PyinfraError, match="converge refused: h2 is locked by upgrade run r0123456789a by "
+                                           "ops@ctl-b .pid 4242."):
+        _converge(tmp_path, monkeypatch, hosts)
+    assert hosts["h1"].lock is None and hosts["h1"].ran == ["take", "release"]
+    assert hosts["h2"].lock == rolling.to_json()      # the rollout's lock is untouched
