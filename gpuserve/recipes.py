@@ -29,6 +29,7 @@ from gpuserve import engine_pins, schema
 from gpuserve.errors import Problem
 from gpuserve.packages import program
 from gpuserve.hardware import GPU_MODELS, PROFILES
+from gpuserve.values import is_loopback
 
 if TYPE_CHECKING:  # only for annotations: config imports this module
     from gpuserve.config import DeploymentSettings, HostSettings
@@ -683,19 +684,18 @@ def _host_problems(settings: HostSettings) -> list[Problem]:
             f"recipe {recipe.name} with engine {s.engine} installs {expected!r}, not "
             f"{s.engine_package!r}",
         )
-    if s.engine == "sglang" and any(d.api_keys_file for d in s.deployments):
-        dep = next(d for d in s.deployments if d.api_keys_file)
+    for dep in (d for d in s.deployments if s.engine == "sglang" and d.api_keys_file):
+        # SGLang reads its key only from argv or its --config (never written there): the proxy
+        # authenticates, and the engine serves keyless on loopback behind the engine guard
+        if s.proxy is True and is_loopback(dep.serve_host):
+            continue
         key, source = dep.origin("api_keys_file")
-        out.append(
-            Problem(
-                s.host,
-                source,
-                key,
-                "SGLang reads its API key only from argv or its --config file, where gpuserve "
-                "never puts secrets; serve with vLLM (VLLM_API_KEY from the env file) or put an "
-                "authenticating proxy in front",
-            )
-        )
+        out.append(Problem(
+            s.host, source, key,
+            "SGLang reads its API key only from argv or its --config file, where gpuserve never "
+            "puts secrets: with engine sglang the keys are checked by the proxy alone (proxy: True, "
+            f"serve_host on loopback; {dep.name} has proxy {s.proxy!r}, serve_host "
+            f"{dep.serve_host!r}), and the engine serves keyless behind the engine guard"))
     return out
 
 

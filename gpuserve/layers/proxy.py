@@ -157,7 +157,13 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                                           content=keys_map(operators, "o") + keys_map(scrapers, "s"),
                                           dest=operator_secret.dest)
         upstream = f"{NGINX_DIR}/{dep.name}.upstream-auth"
-        if not host.get_fact(secrets_ops.MatchesInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
+        if plan.secret(dep.name, "engine-key") is None:
+            # the engine takes no key (SGLang): it serves keyless on loopback behind the engine
+            # guard, and the proxy, which checked the client's key, sends none upstream
+            changed.append(files.put(name=f"{dep.name}: no engine key for the proxy (the engine takes none)",
+                                     src=StringIO("# the engine takes no key (gpuserve)\n"), dest=upstream,
+                                     user="root", group="root", mode="600"))
+        elif not host.get_fact(secrets_ops.MatchesInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
             # from the engine key the service layer made on this host; it never leaves the host
             changed.append(server.shell(
                 name=f"{dep.name}: the engine's key for the proxy (0600)",
