@@ -12,6 +12,7 @@ import difflib
 import ipaddress
 import json
 import re
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -21,8 +22,9 @@ from gpuserve import engine_pins, gateway, layout, monitoring, proxy_conf, recip
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
-from gpuserve.values import (addresses_overlap, host_name_problem, host_path_problem, is_host,
-                             is_loopback, key_file_problem, url_problem)
+from gpuserve.values import (addresses_overlap, base_url_problem, finite_problem, host_name_problem,
+                             host_path_problem, is_host, is_loopback, key_file_problem,
+                             key_lines_problem, pem_problems, scale_hint, text_problem, url_problem)
 
 if TYPE_CHECKING:
     from pyinfra.api import Host, Inventory
@@ -271,7 +273,8 @@ class _Checker:
         ok = isinstance(value, int) and not isinstance(value, bool)
         if not ok or value < minimum or (maximum is not None and value > maximum):
             bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-            self.problem(path or key, f"{value!r} is not allowed; use an integer {bounds}", src)
+            self.problem(path or key, f"{value!r} is not allowed; use an integer {bounds}"
+                         + scale_hint(path or key, value, minimum, maximum), src)
             return None
         return value
 
@@ -314,8 +317,9 @@ def _hardware(c: _Checker) -> HardwareProfile | None:
         ok = False
     memory = c.get("gpu_memory_gib")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float))
-                               or memory <= 0):
-        c.problem("gpu_memory_gib", f"{memory!r} is not allowed; use the GiB of one GPU (> 0)")
+                               or finite_problem(memory) or not 0 < memory <= GPU_MEMORY_MAX_GIB):
+        c.problem("gpu_memory_gib", f"{memory!r} is not allowed; use the GiB of one GPU (> 0, at most "
+                  f"{GPU_MEMORY_MAX_GIB})" + scale_hint("gpu_memory_gib", memory, 1, GPU_MEMORY_MAX_GIB))
         ok = False
     if not ok or count is None:
         return None
@@ -353,7 +357,7 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
     source = c.choice("model_source")
     endpoint = c.get("hf_endpoint")
     if endpoint is not None:
-        why = url_problem(endpoint)
+        why = url_problem(endpoint) or base_url_problem(endpoint)
         if why:
             c.problem("hf_endpoint", why)
             endpoint = None
@@ -393,6 +397,7 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
         c.problem("engine_version", f"{version!r} is not a version like '0.33.0' (a string)")
         version = None
     index = c.get("engine_index")
+    # uv joins the package's path to the index URL itself (a query stays where it belongs)
     why = url_problem(index, file_ok=True) if index is not None else None
     if why:  # printed by the plan, kept in the engine record and on uv's command line
         c.problem("engine_index", why)
@@ -450,9 +455,11 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if why:
         c.problem("nvme_path", why)
     margin = c.get("weights_free_margin_gib")
-    least = schema.allowed("weights_free_margin_gib").lo
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < least:
-        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= {least} (GiB)")
+    least, most = schema.allowed("weights_free_margin_gib").lo, schema.allowed("weights_free_margin_gib").hi
+    if (isinstance(margin, bool) or not isinstance(margin, (int, float)) or finite_problem(margin)
+            or not least <= margin <= most):
+        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number from {least} to "
+                  f"{most} (GiB)" + scale_hint("weights_free_margin_gib", margin, least, most))
     reboot = c.choice("reboot")
     unavailable = c.get("max_unavailable")
     if not (isinstance(unavailable, str) and rollout.PERCENT.fullmatch(unavailable)) and not (
@@ -473,6 +480,13 @@ def _host_level(c: _Checker) -> dict[str, Any]:
             c.problem(key, f"{value!r} is not a file on this control node")
     if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
         c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
+    elif (tls["proxy_tls_cert_file"] is not None and proxy is False
+          and gateway.GATEWAY_GROUP not in c.host.groups):   # settings that only make sense together
+        c.problem("proxy_tls_cert_file", "a TLS certificate for a front this host does not run (proxy "
+                  "is False and it is no gateway): set proxy = True, or drop the certificate")
+    elif tls["proxy_tls_cert_file"] is not None and all(Path(str(v)).is_file() for v in tls.values()):
+        for why in pem_problems(Path(tls["proxy_tls_cert_file"]), Path(tls["proxy_tls_key_file"]), time.time()):
+            c.problem("proxy_tls_cert_file", why)
     stale = c.ranged("rollout_lock_stale_s")
     fail_pct = c.ranged("max_fail_percentage")
     force = c.get("force_unlock")
@@ -653,7 +667,7 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
                 c.warnings.append(f"{path}: {key} {file} does not exist on this control node yet; "
                                   "a deploy refuses to start without it")
         elif file is not None:
-            why = key_file_problem(Path(file))
+            why = key_file_problem(Path(file)) or key_lines_problem(Path(file))
             if why:
                 bad(key, why)
     keys_file, op_file = values["api_keys_file"], values["operator_keys_file"]
@@ -843,7 +857,8 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
         kinds = (int,) if whole else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or not lo <= value <= hi:
             kind = "an integer" if whole else "a number"
-            c.problem(key, f"{value!r} is not allowed; use {kind} from {lo} to {hi}")
+            c.problem(key, f"{value!r} is not allowed; use {kind} from {lo} to {hi}"
+                      + scale_hint(key, value, lo, hi))
         values[key] = value
     retention = c.get("monitor_retention")
     if not (isinstance(retention, str) and RETENTION.fullmatch(retention)):
@@ -884,6 +899,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     _login(c)
     _host_names(c)
     if not _serves(c):
+        _principles(c)
         return _role_host(c)
     _hardware_groups(c)
     hw = _hardware(c)
@@ -914,6 +930,8 @@ def check_host(host: Host, *, require_revision: bool = True,
                       "open). Allowed: a loopback address, proxy = True, or trusted_network = True "
                       "where the network in front is trusted", src)
     gw = _gateway(c) if gateway.GATEWAY_GROUP in host.groups else None  # a gateway that serves too
+    _own_names_and_ports(c, deployments or (), level.get("proxy") is True)
+    _principles(c)
     settings = None
     problems = list(c.problems)
     renderable = (
@@ -989,6 +1007,8 @@ def validate_inventory(inventory: Inventory, *, require_revision: bool = True,
         if one is not None:
             settings[host.name] = one
     problems += _fleet_gateway(inventory, settings)
+    named = {(p.host, p.key) for p in problems}   # the gateway's "worker named twice" says it already
+    problems += [p for p in _same_machine_twice(inventory) if (p.host, p.key) not in named]
     if problems:
         raise ConfigError(problems)
     return settings
@@ -1096,8 +1116,8 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
                       "on the control node (the clients' keys are checked at the gateway)")
         elif file is not None and not (isinstance(file, str) and Path(file).is_file()):
             c.problem(key, f"{file!r} is not a file on this control node")
-        elif file is not None and key_file_problem(Path(file)):
-            c.problem(key, key_file_problem(Path(file)))
+        elif file is not None and (why := key_file_problem(Path(file)) or key_lines_problem(Path(file))):
+            c.problem(key, why)
         keys[key] = file
     if len(c.problems) > before:
         return None
@@ -1143,6 +1163,102 @@ def _fleet_gateway(inventory: Inventory, settings: Mapping[str, HostSettings]) -
         seen.setdefault(w.url, w.id)
     return problems
 # --- end gateway ------------------------------------------------------------------------------------
+
+
+# --- principles (docs/configuration.md, "How values are checked") ------------------------------
+# Rules about what a value becomes, applied to every value, so a mistake nobody listed is caught
+# by the rule it breaks. Each adds a problem only where the key's own check found none.
+
+GPU_MEMORY_MAX_GIB = 1024   # per GPU: well above any GPU made; 81920 is 80 GiB given in MiB
+# values that are paths on the control node: a user's home may be spelled in any script
+CONTROL_NODE_PATHS = {"api_keys_file", "operator_keys_file", "proxy_tls_cert_file", "proxy_tls_key_file",
+                      "gateway_workers_ca_file", "model_local_path", "weights_cache", "wheelhouse"}
+# what gpuserve itself listens on, on every host (monitoring's exporters, the GPUs' exporter) and
+# on the hosts of its roles: a deployment's port there would fail to bind, or take its place
+OWN_PORTS = {22: "ssh", monitoring.NODE_EXPORTER_PORT: "the node exporter",
+             monitoring.NODE_EXPORTER_TLS_PORT: "the exporters' TLS front",
+             stack.DCGM_EXPORTER_PORT: "the DCGM exporter"}
+ROLE_PORTS = {monitoring.MONITOR_GROUP: {monitoring.PROMETHEUS_PORT: "Prometheus",
+                                         monitoring.ALERTMANAGER_PORT: "Alertmanager"}}
+OWN_UNITS = {layout.unit_name("engine-guard"), gateway.UNIT}   # gpuserve-engine-guard, -gateway
+
+
+def _principles(c: _Checker) -> None:
+    """Every value the host's data sets, walked whole (deployments, flags and env included): text
+    is what it looks like (no invisible characters, NFKC, ASCII where other programs match it) and
+    numbers are finite."""
+    flagged = {p.key for p in c.problems}
+    for key in KEYS:
+        if key in c.host.data.dict() or c.host.data.get(key) is not None:
+            value = c.host.data.get(key)
+            if value is not None:
+                _principled(c, value, key, data_source(c.host, key), flagged)
+
+
+def _principled(c: _Checker, value: Any, path: str, src: str, flagged: set[str]) -> None:
+    if path in flagged:
+        return
+    leaf = path.rsplit(".", 1)[-1].split("[", 1)[0]
+    free = path.split(".", 1)[0] in ("serve_flags", "serve_env") or ".serve_flags" in path or ".serve_env" in path
+    why = finite_problem(value)
+    if isinstance(value, str):
+        why = text_problem(value, ascii_only=not free and leaf not in CONTROL_NODE_PATHS, multiline=free)
+    if why:
+        shown = f"{value!r} " if isinstance(value, str) and len(value) < 80 else ""
+        c.problem(path, shown + why, src)
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if f"{path}.{k}" in flagged:
+                continue
+            name_why = text_problem(k, ascii_only=True) if isinstance(k, str) else None
+            if name_why:
+                c.problem(f"{path}.{k!r}", f"the name {k!r} {name_why}", src)
+                continue
+            _principled(c, v, f"{path}.{k}", src, flagged)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _principled(c, v, f"{path}[{i}]", src, flagged)
+
+
+def _own_names_and_ports(c: _Checker, deployments: Iterable[DeploymentSettings], proxy: bool) -> None:
+    """A deployment's unit and ports are the host's, shared with what gpuserve itself runs there:
+    a unit named like one of gpuserve's own would replace it; a port one of its services listens
+    on would never bind."""
+    own = dict(OWN_PORTS)
+    for group, ports in ROLE_PORTS.items():
+        if group in c.host.groups:
+            own.update(ports)
+    for dep in deployments:
+        if layout.unit_name(dep.name) in OWN_UNITS:
+            c.problem(f"deployments.{dep.name}", f"its unit {layout.unit_name(dep.name)} is one gpuserve "
+                      "runs itself; name the deployment otherwise", c.sources.get("deployments", DEFAULT))
+        for key in ("serve_port",) + (("proxy_port",) if proxy else ()):
+            port = getattr(dep, key)
+            if port in own:
+                path, src = dep.origin(key)
+                c.problem(path, f"port {port} is {own[port]}'s, which gpuserve runs on this host; "
+                          f"give {dep.name} another {key}", src)
+
+
+def _same_machine_twice(inventory: Inventory) -> list[Problem]:
+    """One machine, two names: the same address and SSH port under two inventory names would be
+    converged twice at once and counted twice in every rollout budget."""
+    seen: dict[tuple[str, int], str] = {}
+    out = []
+    for h in inventory:
+        if h.name.startswith("@"):
+            continue
+        address = str(h.data.get("ssh_hostname") or h.name).lower().rstrip(".")
+        where = (address, h.data.get("ssh_port") or 22)
+        if where in seen:
+            out.append(Problem(h.name, data_source(h, "ssh_hostname"), "ssh_hostname",
+                               f"{where[0]}:{where[1]} is also host {seen[where]!r}: one machine under two "
+                               "names; list it once"))
+        seen.setdefault(where, h.name)
+    return out
+
+# --- end of principles ------------------------------------------------------------------------------
 
 
 # --- Non-root SSH login (issue 17, finding 2; docs/non-root.md) ------------------------------

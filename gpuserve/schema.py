@@ -109,7 +109,7 @@ KEYS: tuple[Key, ...] = (
     Key("nvswitch", False, "bool", BOOL, "NVSwitch/NVLink fabric (HGX H100/H200, GB200); the GPU-stack "
         "layer installs fabric manager (+ nvlsm on NVLink 5) for it and requires it", _HW, H,
         note="; `True` only on NVIDIA models", stack=True),
-    Key("gpu_memory_gib", None, "number", "number > 0", "memory of one GPU; when set, checked against "
+    Key("gpu_memory_gib", None, "number", "number > 0, at most 1024", "memory of one GPU; when set, checked against "
         "what the recipe needs for weights + KV cache", _HW, H),
     # recipe
     Key("recipe", None, "str", "`hopper_x8`, `blackwell_x4`, `mi355x_x4`, `cpu` (gpuserve.recipes.RECIPES)",
@@ -182,7 +182,7 @@ KEYS: tuple[Key, ...] = (
         "`--default-chat-template-kwargs '{\"reasoning_effort\": ...}'`; clients can still set their "
         "own per request", _DEPLOYMENT, D, default_doc="unset: the model's default (`max`)",
         note=" (thinking cannot be turned off)"),
-    Key("max_model_len", None, "int", Int(1, optional=True), "`--max-model-len` / `--context-length`",
+    Key("max_model_len", None, "int", Int(256, 10_485_760, optional=True), "`--max-model-len` / `--context-length`",
         _DEPLOYMENT, D, default_doc="the recipe's (32768; 2048 for cpu)"),
     Key("max_num_seqs", None, "int", Int(1, optional=True),
         "`--max-num-seqs` / `--max-running-requests`", _DEPLOYMENT, D, default_doc="the recipe's (4)"),
@@ -206,7 +206,7 @@ KEYS: tuple[Key, ...] = (
         _DEPLOYMENT, D, note="; with `proxy` on, unique on `proxy_bind` among the host's proxies and "
         "engines"),
     # weights
-    Key("weights_free_margin_gib", 50, "number", Number(0), "refuse a host before downloading unless "
+    Key("weights_free_margin_gib", 50, "number", Number(0, 16384), "refuse a host before downloading unless "
         "its NVMe filesystem has the bytes still needed + this margin free (the sandbox uses 1)",
         _WEIGHTS, H),
     Key("weights_fanout", "control-node", "str", Choice(("control-node", "hub", "hosts")), "`control-node`: "
@@ -231,7 +231,7 @@ KEYS: tuple[Key, ...] = (
     Key("weights_verify", "changed", "str", Choice(("changed", "full")), "on every converge, `changed` "
         "re-hashes only files whose size, mtime or inode differ from when they were verified; `full` "
         "re-hashes every file (hours for 428 GB; what it adds is in docs/weights.md)", _WEIGHTS, H),
-    Key("weights_bwlimit_kib", None, "int", Int(1, optional=True), "KiB/s per host for the transfer "
+    Key("weights_bwlimit_kib", None, "int", Int(1, 12_500_000, optional=True), "KiB/s per host for the transfer "
         "(rsync `--bwlimit`, or the host's own download) so a rollout does not saturate the network",
         _WEIGHTS, H, default_doc="unset: unlimited"),
     # other layers

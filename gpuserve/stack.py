@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from gpuserve import admission, layout, schema
 from gpuserve.hardware import GPU_MODELS, GpuInfo
-from gpuserve.values import url_problem
+from gpuserve.values import base_url_problem, url_problem
 
 
 class StackError(Exception):
@@ -124,7 +124,7 @@ def _int(data: Mapping, key: str, low: int | None = None, high: int | None = Non
 
 def _url(data: Mapping, key: str) -> str:
     value = data.get(key, DEFAULTS[key])
-    why = url_problem(value)
+    why = url_problem(value) or base_url_problem(value)
     if why:
         raise StackConfigError(key, why)
     return value.rstrip("/")

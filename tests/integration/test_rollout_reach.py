@@ -1,8 +1,8 @@
 """Rollouts on a fleet where something is always wrong (issue 27). Four sandbox hosts of two
-hardware kinds (2x hopper_x8, 2x blackwell_x4) serve the real engine behind the proxy; in order:
+hardware kinds (a hopper_x8 host with its simulated GPUs and driver stack, three cpu hosts) serve the real engine behind the proxy; in order:
 
   * a driver bump with reboot = "never" refuses before any host leaves rotation (nothing drained,
-    stopped, installed or rebooted);
+    stopped, installed or rebooted; the hopper_x8 host is the one whose move needs the reboot);
   * an upgrade with one host powered off: over max_fail_percentage (0, the default) nothing moves;
     within it (25%) the other three move, one canary per hardware kind first, the fourth is named
     and the run exits non-zero;
@@ -44,7 +44,9 @@ OLD, NEW = "580.95.05", "580.105.08"   # the stand-in repository offers both (gr
 
 @pytest.fixture(scope="module")
 def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory):
-    hosts = make_hosts(["hopper_x8", "hopper_x8", "blackwell_x4", "blackwell_x4"])
+    # one GPU host: every host with a driver reboots at its first converge, which four at once on
+    # this 2-core machine do not always finish within reboot_timeout
+    hosts = make_hosts(["hopper_x8", "cpu", "cpu", "cpu"])
     sha1, _ = publish_tiny_checkpoint(sandbox_hub.root, SANDBOX_REPO, seed=SANDBOX_SEED, variant=1,
                                       branch="v1")
     run_pyinfra(INV, SERVE, instance=sandbox.instance).check()
@@ -56,7 +58,8 @@ def _view(sandbox, h) -> dict:
     out = sandbox.ssh(h, "cat /proc/sys/kernel/random/boot_id; "
                          f"systemctl show -p MainPID --value {layout.unit_name(DEP)}; "
                          f"test -e {drain_flag(DEP)} && echo drained || echo in; "
-                         "dpkg-query -W -f='${Version}' nvidia-open").stdout.splitlines()
+                         "dpkg-query -W -f='${Version}\n' nvidia-open 2>/dev/null || echo none"
+                      ).stdout.splitlines()
     return {"boot": out[0], "pid": out[1], "drained": out[2] == "drained", "driver": out[3]}
 
 
@@ -81,11 +84,11 @@ def test_a_driver_bump_with_reboot_never_refuses_before_any_host_leaves_rotation
     run = pyinfra(INV, UPGRADE, "--data", f"nvidia_driver_version={NEW}", "--data", "reboot=never")
     assert run.returncode != 0
     assert "upgrade refused before any host left rotation:" in run.output, run.output[-4000:]
+    gpu = fleet["hosts"][0]
+    assert f"{gpu.name}: loading kernel module {NEW} (loaded now: {OLD}) needs a reboot" in run.output
+    assert _view(sandbox, gpu)["driver"].startswith(OLD + "-")
     for h in fleet["hosts"]:
-        assert f"{h.name}: loading kernel module {NEW} (loaded now: {OLD}) needs a reboot" in run.output
-        after = _view(sandbox, h)
-        assert after == before[h.name]                    # same boot, same engine, in, same driver
-        assert after["driver"].startswith(OLD + "-")
+        assert _view(sandbox, h) == before[h.name]        # same boot, same engine, in, same driver
         assert _lock_of(sandbox, h) is None
     assert "out of the proxy" not in run.output and "rebooting" not in run.output
 
@@ -110,12 +113,12 @@ def test_an_upgrade_with_a_host_powered_off_moves_the_rest_and_names_it(fleet, s
         assert fleet["sha1"][:8] in view.pointers(sandbox, h, DEP)[0]
         assert view.chat(sandbox, h, fleet["certs"], fleet["key"], MODEL)[0] == 200
         assert not _view(sandbox, h)["drained"]
-    # one canary per hardware kind first (a hopper_x8 and a blackwell_x4 host), one host at a time
+    # one canary per hardware kind first (the hopper_x8 host and a cpu host), one host at a time
     canaries = [line for line in out.splitlines() if "(canary of" in line]
     assert len(canaries) == 2, out[-4000:]
     assert "upgrade batch 1/3: " in canaries[0] and "upgrade batch 2/3: " in canaries[1]
     assert {"8x H200" in canaries[0] or "8x H200" in canaries[1],
-            "4x B200" in canaries[0] or "4x B200" in canaries[1]} == {True}
+            "0x cpu" in canaries[0] or "0x cpu" in canaries[1]} == {True}
     _answers(sandbox, off)
     assert view.pointers(sandbox, off, DEP)[0] == old[off.name]
     assert view.chat(sandbox, off, fleet["certs"], fleet["key"], MODEL)[0] == 200
