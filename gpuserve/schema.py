@@ -384,7 +384,7 @@ KEYS: tuple[Key, ...] = (
         "`GpuserveWatchdogGaveUp`", _MONITOR, M),
     Key("watchdog_window_s", 3600, "int", Int(60, 7 * 86400), "the window `watchdog_max_restarts` "
         "counts in", _MONITOR, M),
-    Key("canary_hosts", 1, "int", Int(1, 1000), "hosts of a rollout's first batch (the canary)",
+    Key("canary_hosts", 1, "int", Int(1, 1000), "canary hosts per hardware kind (recipe and GPUs) a rollout changes",
         _MONITOR, M),
     Key("canary_bake_s", 300, "int", Int(0, 86400), "how long the canary serves before it is compared "
         "with the rest; `0` skips the bake", _MONITOR, M),
