@@ -20,11 +20,8 @@ tests/integration/test_rollout_reach.py`.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -33,7 +30,7 @@ from gpuserve import layout
 from gpuserve.rollout import LOCK_FILE, LockHolder, drain_flag
 from gpuserve_sandbox import fleet as view
 from gpuserve_sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
-from gpuserve_sandbox.runner import REPO, run_pyinfra
+from gpuserve_sandbox.runner import pyinfra_in_background, run_pyinfra
 
 pytestmark = pytest.mark.slow
 
@@ -128,27 +125,19 @@ def test_serve_during_the_rerun_refuses_and_the_rerun_finishes_the_skipped_host(
                                                                                    tmp_path):
     hosts, off = fleet["hosts"], fleet["hosts"][3]
     log_path = tmp_path / "rerun.log"
-    pyinfra_bin = os.path.join(os.path.dirname(sys.executable), "pyinfra")
-    with open(log_path, "w") as log:
-        # drain_s=30: the rerun holds the lock long enough for serve.py to meet it
-        proc = subprocess.Popen([pyinfra_bin, "-y", INV, UPGRADE, "--data", f"model_revision={fleet['sha1']}",
-                                 "--data", "drain_s=30"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(sandbox.instance)})
-        try:
-            deadline = time.monotonic() + 600
-            while not all(_lock_of(sandbox, h) for h in hosts):
-                assert proc.poll() is None, log_path.read_text()[-4000:]
-                assert time.monotonic() < deadline, "the rerun never held the lock"
-                time.sleep(0.5)
-            holder = _lock_of(sandbox, hosts[0])
-            serve = pyinfra(INV, SERVE)
-            assert proc.poll() is None, "the rerun should still be moving its host"
-            proc.wait(timeout=900)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    # drain_s=30: the rerun holds the lock long enough for serve.py to meet it
+    with open(log_path, "w") as log, pyinfra_in_background(
+            INV, UPGRADE, "--data", f"model_revision={fleet['sha1']}", "--data", "drain_s=30",
+            instance=sandbox.instance, log=log) as proc:
+        deadline = time.monotonic() + 600
+        while not all(_lock_of(sandbox, h) for h in hosts):
+            assert proc.poll() is None, log_path.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the rerun never held the lock"
+            time.sleep(0.5)
+        holder = _lock_of(sandbox, hosts[0])
+        serve = pyinfra(INV, SERVE)
+        assert proc.poll() is None, "the rerun should still be moving its host"
+        proc.wait(timeout=900)
     assert serve.returncode != 0
     assert re.search(rf"converge refused: \S+ is locked by upgrade run {holder.run} by "
                      rf"{re.escape(holder.who)} \(pid {holder.pid}\)", serve.output), serve.output[-4000:]
