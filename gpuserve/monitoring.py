@@ -294,9 +294,17 @@ def recording_rules() -> list[dict]:
     ]
 
 
+RUNBOOKS = "docs/runbooks.md"   # one section per alert (tests/unit/test_runbooks.py)
+
+
+def runbook_url(alert: str) -> str:
+    """The alert's section of docs/runbooks.md (a heading's anchor: its name in lower case)."""
+    return f"{RUNBOOKS}#{alert.lower()}"
+
+
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, **extra: str) -> dict:
     rule = {"alert": name, "expr": expr, "labels": {"severity": severity},
-            "annotations": {"summary": summary, **extra}}
+            "annotations": {"summary": summary, "runbook_url": runbook_url(name), **extra}}
     if for_ != "0s":
         rule["for"] = for_
     return rule
