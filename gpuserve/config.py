@@ -16,14 +16,16 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from gpuserve import engine_pins, gateway, layout, monitoring, proxy_conf, recipes, rollout, schema, stack
+from gpuserve import (engine_pins, gateway, layout, monitoring, proxy_conf, receivers, recipes,
+                      rollout, schema, secret_sources, stack)
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
+from gpuserve.secret_sources import SecretCommand
 from gpuserve.values import (addresses_overlap, base_url_problem, finite_problem, host_name_problem,
-                             host_path_problem, is_host, is_loopback, key_file_problem,
+                             host_path_problem, is_host, is_loopback, key_command_problem, key_file_problem,
                              key_lines_problem, pem_problems, scale_hint, text_problem, url_problem)
 
 if TYPE_CHECKING:
@@ -102,13 +104,13 @@ class DeploymentSettings:
     max_num_seqs: int | None
     serve_flags: Mapping[str, Any]  # as given (flag names normalized by the recipe layer)
     serve_env: Mapping[str, str]
-    api_keys_file: str | None  # a path on the control node
+    api_keys_file: str | SecretCommand | None  # a path on the control node, or a command
     shutdown_timeout_s: int
     ready_timeout_s: int
     proxy_port: int
     origins: Mapping[str, tuple[str, str]]  # key -> (key path, source)
-    operator_keys_file: str | None = None  # a path on the control node
-    scrape_keys_file: str | None = None    # a path on the control node: monitoring routes only
+    operator_keys_file: str | SecretCommand | None = None  # a path on the control node, or a command
+    scrape_keys_file: str | SecretCommand | None = None    # the same: monitoring routes only
 
     @property
     def unit(self) -> str:
@@ -147,7 +149,7 @@ class HostSettings:
     proxy: bool
     proxy_bind: str
     proxy_tls_cert_file: str | None
-    proxy_tls_key_file: str | None
+    proxy_tls_key_file: str | SecretCommand | None   # a file, or a command (proxy_tls_key_command)
     rollback_to: str | None
     deployments: tuple[DeploymentSettings, ...]
     stack: stack.StackSettings  # the GPU stack layer's settings
@@ -476,8 +478,12 @@ def _host_level(c: _Checker) -> dict[str, Any]:
         c.problem("proxy_bind", f"{bind!r} is not an IP address or host name")
     tls = {k: c.get(k) for k in ("proxy_tls_cert_file", "proxy_tls_key_file")}
     for key, value in tls.items():
-        if value is not None and not (isinstance(value, str) and Path(value).is_file()):
+        if value is not None and not (isinstance(value, str) and Path(value).is_file()) \
+                and not (key == "proxy_tls_key_file" and c.get("proxy_tls_key_command") is not None):
             c.problem(key, f"{value!r} is not a file on this control node")
+    if c.get("proxy_tls_key_command") is not None:   # the key from a command (issue 29)
+        tls["proxy_tls_key_file"] = _secret_command(c, "proxy_tls_key_file", tls["proxy_tls_key_file"],
+                                                    c.get("proxy_tls_key_command"), c.problem, keys=False)
     if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
         c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
     elif (tls["proxy_tls_cert_file"] is not None and proxy is False
@@ -656,7 +662,10 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
                       "expand $VARIABLES or backquotes, and quotes or backslashes change how it "
                       "reads the line; write the literal value", where[1])
     for key in ("api_keys_file", "operator_keys_file", "scrape_keys_file"):
-        file = values[key]
+        file, twin = values[key], secret_sources.SECRET_SETTINGS[key]
+        if values[twin] is not None:   # the secret from a command (issue 29)
+            values[key] = _secret_command(c, key, file, values[twin], bad, keys=True)
+            continue
         if file is not None and not (isinstance(file, str) and file):
             bad(key, f"{file!r} is not a path to a file on the control node")
         elif file is not None and not Path(file).is_file():
@@ -688,6 +697,40 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         origins=MappingProxyType(origins), operator_keys_file=op_file,
         scrape_keys_file=values["scrape_keys_file"],
     )
+
+
+def _secret_command(c: _Checker, file_key: str, file: Any, command: Any, report: Callable[[str, str], None],
+                    keys: bool) -> secret_sources.SecretCommand | None:
+    """``file_key``'s command twin (gpuserve.secret_sources), checked; its problems go to
+    ``report(key, message)``. A deploy runs it now (once per run) and, for ``keys``, checks the
+    keys it prints as a key file's; ``gpuserve plan`` never runs it."""
+    twin = secret_sources.SECRET_SETTINGS[file_key]
+    if file is not None:
+        report(twin, f"set {file_key} or {twin}, not both")
+        return None
+    why = secret_sources.command_problem(command)
+    if why:
+        report(twin, why)
+        return None
+    source = secret_sources.SecretCommand(tuple(command), twin)
+    missing = secret_sources.program_missing(source.argv)
+    if missing and c.deploying:
+        report(twin, missing)
+    elif missing:
+        c.warnings.append(f"{twin}: {missing}; a deploy refuses to start without it")
+    if missing or not c.deploying:
+        return source
+    if keys:
+        why = key_command_problem(source)
+    else:
+        try:
+            secret_sources.read_text(source)
+            why = None
+        except secret_sources.SecretSourceError as exc:
+            why = str(exc)
+    if why:
+        report(twin, why)
+    return source
 
 
 def _int_key(c: _Checker, values: dict, origins: dict, key: str) -> None:
@@ -869,9 +912,17 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
     if why:
         c.problem("monitor_storage_path", why)
     watchdog = c.boolean("watchdog")
+    managed = c.boolean("alertmanager_managed", "the converge writes alertmanager.yml")
+    found, why = receivers.check(c.get("alert_receivers"), deploying=c.deploying)
+    for path, message in why:
+        c.problem(path, message, c.sources.get("alert_receivers"))
+    if managed is False and found:
+        c.problem("alert_receivers", "set alertmanager_managed = True to have gpuserve write "
+                  "these receivers, or leave alert_receivers empty and manage alertmanager.yml yourself")
     if len(c.problems) > before:
         return None
     return monitoring.MonitorSettings(
+        alert_receivers=found, alertmanager_managed=managed,
         retention=retention, storage_path=storage,
         scrape_interval_s=values["monitor_scrape_interval_s"],
         slo_ttft_p95_s=values["slo_ttft_p95_s"], slo_e2e_p95_s=values["slo_e2e_p95_s"],
@@ -1110,7 +1161,10 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
             c.problem("gateway_addresses", f"{a!r} is not an address or network (CIDR)")
     keys = {}
     for key in ("api_keys_file", "operator_keys_file"):
-        file = c.get(key)
+        file, command = c.get(key), c.get(secret_sources.SECRET_SETTINGS[key])
+        if command is not None:   # the keys from a command (issue 29)
+            keys[key] = _secret_command(c, key, file, command, c.problem, keys=True)
+            continue
         if file is None and key == "api_keys_file":
             c.problem(key, "a gateway lets no client in without keys: name a file of client keys "
                       "on the control node (the clients' keys are checked at the gateway)")

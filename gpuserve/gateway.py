@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from gpuserve import engine_guard, layout, schema
 
@@ -62,8 +62,9 @@ class GatewaySettings:
     smg_version: str
     workers_ca_file: str | None   # control node; None: the serving hosts' own certificates
     addresses: tuple[str, ...]    # what the serving hosts see this gateway connect from
-    api_keys_file: str | None = None       # control node: the clients' keys, checked here
-    operator_keys_file: str | None = None  # control node: keys for the operator routes
+    # control node: a file, or a gpuserve.secret_sources.SecretCommand (the *_command settings)
+    api_keys_file: Any = None              # control node: the clients' keys, checked here
+    operator_keys_file: Any = None         # control node: keys for the operator routes
 
 
 @dataclass(frozen=True)

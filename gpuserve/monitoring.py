@@ -96,6 +96,8 @@ class MonitorSettings:
     canary_error_ratio_max: float = schema.default("canary_error_ratio_max")
     canary_ttft_p95_ratio_max: float = schema.default("canary_ttft_p95_ratio_max")
     canary_e2e_p95_ratio_max: float = schema.default("canary_e2e_p95_ratio_max")
+    alert_receivers: tuple = ()        # gpuserve.receivers.Receiver
+    alertmanager_managed: bool = schema.default("alertmanager_managed")
 
 
 @dataclass(frozen=True)
@@ -247,13 +249,15 @@ def prometheus_yml(plan: Plan, m: MonitorSettings) -> str:
         json.dumps(conf, indent=2, sort_keys=True) + "\n"
 
 
-def alertmanager_yml() -> str:
+def alertmanager_yml(receiver: dict | None = None) -> str:
+    """alertmanager.yml; ``receiver``: the one receiver with the integrations of
+    ``alert_receivers`` (gpuserve.receivers.alertmanager_receiver), else one without any."""
     conf = {
         "route": {"receiver": "gpuserve", "group_by": ["alertname", "host", "deployment"],
                   "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h"},
-        "receivers": [{"name": "gpuserve"}],
+        "receivers": [receiver or {"name": "gpuserve"}],
     }
-    return "# Managed by gpuserve (pyinfra): add receivers in docs/monitoring.md's way\n" + \
+    return "# Managed by gpuserve (pyinfra): receivers from alert_receivers (docs/monitoring.md)\n" + \
         json.dumps(conf, indent=2, sort_keys=True) + "\n"
 
 

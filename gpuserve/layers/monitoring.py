@@ -17,6 +17,7 @@ import ipaddress
 import shlex
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -26,11 +27,12 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, engine_guard, monitoring, proxy_conf, stack
+from gpuserve import api_keys, certs, engine_guard, monitoring, proxy_conf, receivers, secret_sources, stack
 from gpuserve.config import HostSettings
 from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.engine_guard import service_guard
+from gpuserve.secret_sources import SecretCommand, SecretSourceError
 
 EXPORTERS_DIR = "/etc/nginx/gpuserve-exporters"   # root 0700: its TLS key
 EXPORTERS_CONF = "/etc/nginx/conf.d/gpuserve--exporters.conf"   # no deployment has this name
@@ -157,11 +159,36 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
                  commands=["nginx -t -q", "systemctl reload nginx"], _if=any_changed(conf, *tls))
 
 
-def _first_key(path: str) -> str:
-    keys = api_keys.read_api_keys(Path(path))
+def _first_key(path: Any) -> str:
+    try:   # a file, or the keys a command prints (gpuserve.secret_sources)
+        keys = api_keys.read_api_keys(path if isinstance(path, SecretCommand) else Path(path))
+    except SecretSourceError as exc:
+        raise OperationError(f"{host.name}: {exc}") from None
     if not keys:
-        raise OperationError(f"{host.name}: scrape_keys_file {path} holds no key to scrape with")
+        where = path if isinstance(path, SecretCommand) else f"scrape_keys_file {path}"
+        raise OperationError(f"{host.name}: {where} holds no key to scrape with")
     return keys[0]
+
+
+def _alertmanager_yml(m: monitoring.MonitorSettings) -> Any:
+    """alertmanager.yml with the receivers of ``alert_receivers`` (issue 29). With a secret in it
+    (a Slack URL, a PagerDuty key, an SMTP password), root:prometheus 0640, never shown; with
+    ``alertmanager_managed = False``, left alone (None)."""
+    if not m.alertmanager_managed:
+        host.noop("alertmanager.yml is yours (alertmanager_managed = False): left alone")
+        return None
+    if not any(r.secrets for r in m.alert_receivers):
+        receiver = receivers.alertmanager_receiver(m.alert_receivers, secret_sources.read_text)
+        return files.put(name="alertmanager.yml", src=StringIO(monitoring.alertmanager_yml(receiver)),
+                         dest=monitoring.ALERTMANAGER_YML, user="root", group="root", mode="644")
+    try:
+        receiver = receivers.alertmanager_receiver(m.alert_receivers, secret_sources.read_text)
+    except (OSError, SecretSourceError) as exc:   # names the source, never a secret
+        raise OperationError(f"{host.name}: alert_receivers: {getattr(exc, 'strerror', None) or exc}") from None
+    return secrets_ops.secret_file(name="alertmanager.yml with the receivers' secrets (0640, not shown)",
+                                   content=monitoring.alertmanager_yml(receiver),
+                                   dest=monitoring.ALERTMANAGER_YML, user="root", group="prometheus",
+                                   mode="640")
 
 
 @deploy("Prometheus and alertmanager")
@@ -218,8 +245,7 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
                      f"--storage.tsdb.path={m.storage_path} "
                      f'--storage.tsdb.retention.time={m.retention}"\n'),
         dest="/etc/default/prometheus", user="root", group="root", mode="644")
-    am_conf = files.put(name="alertmanager.yml", src=StringIO(monitoring.alertmanager_yml()),
-                        dest=monitoring.ALERTMANAGER_YML, user="root", group="root", mode="644")
+    am_conf = _alertmanager_yml(m)
     am_args = files.put(
         name="alertmanager on loopback, no cluster port",
         src=StringIO("# Managed by gpuserve (pyinfra)\n"
@@ -248,4 +274,4 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
                     enabled=True)
     systemd.service(name="alertmanager restarted (its configuration changed)",
                     service="prometheus-alertmanager", restarted=True,
-                    _if=any_changed(am_args, am_conf))
+                    _if=any_changed(am_args, *([am_conf] if am_conf else [])))

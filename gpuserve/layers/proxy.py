@@ -11,6 +11,7 @@ with files.put (its --diff would print it): gpuserve/layers/secrets_ops.py.
 
 from __future__ import annotations
 
+import posixpath
 from io import StringIO
 from pathlib import Path
 
@@ -21,11 +22,12 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, gateway, layout, proxy_conf, rollout
+from gpuserve import api_keys, certs, gateway, layout, proxy_conf, rollout, secret_sources
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan, SecretInstall
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings
+from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.values import is_host
 
 NGINX_DIR = proxy_conf.NGINX_DIR
@@ -50,6 +52,24 @@ def conf_path(deployment: str) -> str:
 
 
 DROPIN = layout.NGINX_DROPIN_PATH
+# issue 29: nginx's keys are systemd credentials at rest, decrypted into /run before it starts
+CREDENTIALS_DROPIN = layout.systemd_dropin_path("nginx", "gpuserve-credentials.conf")
+NGINX_TEST = "/usr/sbin/nginx -t -q -g 'daemon on; master_process on;'"   # Debian's ExecStartPre=
+
+
+def nginx_credentials() -> None:
+    """What decrypts nginx's credentials (gpuserve.layers.secrets_ops.credential_file) when it
+    starts: the script and nginx's drop-in that runs it. No restart: a running nginx already
+    reads the /run copies the converge writes."""
+    files.directory(name="gpuserve tools", path=posixpath.dirname(secrets_ops.CREDENTIALS_BIN),
+                    user="root", group="root", mode="755")
+    files.put(name="Credentials decrypted into /run before a service starts",
+              src=StringIO(secrets_ops.CREDENTIALS_SCRIPT), dest=secrets_ops.CREDENTIALS_BIN,
+              user="root", group="root", mode="755")
+    dropin = files.put(name="nginx decrypts its credentials when it starts (systemd drop-in)",
+                       src=StringIO(secrets_ops.credentials_dropin(NGINX_DIR, NGINX_TEST)),
+                       dest=CREDENTIALS_DROPIN, user="root", group="root", mode="644")
+    systemd.daemon_reload(name="Reload systemd units (nginx credentials drop-in)", _if=dropin.did_change)
 # nginx's restart and reload are tried up to twice more, 3 s apart, before the host fails: in
 # one CI run under load, a fresh host's restart and the other host's reload failed, and the
 # module's 8 tests passed here on the same code. The cause is unknown (CI kept only pyinfra's
@@ -71,11 +91,17 @@ def _read_keys(secret: SecretInstall, required: bool) -> list[str]:
     name, key, file = secret.deployment, secret.setting, secret.source
     if file is None and not required:
         return []
-    path = Path(file or "")
-    if file is None or not path.is_file():
-        raise OperationError(f"{host.name}: deployments.{name}.{key} {file} is missing on this "
-                             "control node; the proxy lets no client in without one")
-    keys = api_keys.read_api_keys(path)
+    if isinstance(file, SecretCommand):   # issue 29: the keys a command prints, held in memory
+        key, path = file.setting, file
+    else:
+        path = Path(file or "")
+        if file is None or not path.is_file():
+            raise OperationError(f"{host.name}: deployments.{name}.{key} {file} is missing on this "
+                                 "control node; the proxy lets no client in without one")
+    try:
+        keys = api_keys.read_api_keys(path)
+    except SecretSourceError as exc:
+        raise OperationError(f"{host.name}: deployments.{name}.{key}: {exc}") from None
     if required and not keys:
         raise OperationError(f"{host.name}: deployments.{name}.{key} {path} holds no API key")
     for k in keys:
@@ -125,6 +151,7 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     old_common = files.file(name="No shared settings in their old place (they defined the log format "
                                  "after a site that sorts first)", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
+    nginx_credentials()
     tls = tls_files(plan)
     gateways = gateway.addresses(all_settings())   # docs/gateway.md: only they reach the client routes
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
@@ -151,11 +178,12 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
             raise OperationError(f"{host.name}: deployments.{dep.name}: a key of scrape_keys_file is "
                                  "also in api_keys_file or operator_keys_file; a scrape key must be "
                                  "a separate key")
-        keys = secrets_ops.secret_file(name=f"{dep.name}: client API keys (0600, not shown)",
-                                       content=keys_map(clients, "c"), dest=client_secret.dest)
-        op_keys = secrets_ops.secret_file(name=f"{dep.name}: operator and scrape keys (0600, not shown)",
-                                          content=keys_map(operators, "o") + keys_map(scrapers, "s"),
-                                          dest=operator_secret.dest)
+        keys = secrets_ops.credential_file(name=f"{dep.name}: client API keys (encrypted, not shown)",
+                                           content=keys_map(clients, "c"), dest=client_secret.dest,
+                                           cred_name=f"{dep.name}.keys")
+        op_keys = secrets_ops.credential_file(name=f"{dep.name}: operator and scrape keys (encrypted, not shown)",
+                                              content=keys_map(operators, "o") + keys_map(scrapers, "s"),
+                                              dest=operator_secret.dest, cred_name=f"{dep.name}.operator-keys")
         upstream = f"{NGINX_DIR}/{dep.name}.upstream-auth"
         if plan.secret(dep.name, "engine-key") is None:
             # the engine takes no key (SGLang): it serves keyless on loopback behind the engine
@@ -203,8 +231,9 @@ def tls_files(plan: HostPlan) -> list:
         return [
             files.put(name="TLS certificate", src=settings.proxy_tls_cert_file, dest=crt,
                       user="root", group="root", mode="644"),
-            secrets_ops.secret_file(name="TLS key (0600, not shown)",
-                                    content=Path(tls_key.source).read_text(), dest=tls_key.dest),
+            secrets_ops.credential_file(name="TLS key (encrypted, not shown)",
+                                        content=secret_sources.read_text(tls_key.source), dest=tls_key.dest,
+                                        cred_name="tls.key"),
         ]
     if host.get_fact(File, path=key) is not None:
         return []

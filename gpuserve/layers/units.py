@@ -28,6 +28,7 @@ from gpuserve.layers import secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
 from gpuserve.facts.deployment import Deployment, DeploymentState, ReleaseRecords
 from gpuserve.host_plan import HostPlan
+from gpuserve.secret_sources import SecretCommand
 from gpuserve.releases import Ledger, Release, unreferenced
 from gpuserve.values import is_loopback
 from gpuserve.release_files import GATE, STOP_MARGIN_S, gate_command, tools_enabled
@@ -48,8 +49,8 @@ def _secrets_content(plan: HostPlan, name: str) -> str | None:
         return ""   # the engine takes no key, or none is configured
     if secret.source is None:
         return None  # an internal key the proxy injects; clients use their own keys at the proxy
-    path = Path(secret.source)
-    if not path.is_file():
+    path = secret.source   # a file, or a command that prints the key (gpuserve.secret_sources)
+    if not isinstance(path, SecretCommand) and not Path(path).is_file():
         raise OperationError(f"{host.name}: deployments.{name}.{secret.setting} {path} does not exist "
                              "on this control node")
     serve = plan.serve_configs[name]
