@@ -54,8 +54,9 @@ if settings.serves or settings.gateway:
     ordering_point()   # the gateways read the serving hosts' proxy certificates: after them
 gateway(settings)
 
-# --- monitoring (docs/monitoring.md): only when the inventory has hosts in group monitor ---
-if monitor_hosts(all_settings()):
+# --- monitoring (docs/monitoring.md): when the inventory has hosts in group monitor, or
+# external_prometheus (a Prometheus of your own: gpuserve monitoring-export) ---
+if monitor_hosts(all_settings()) or settings.monitor.external_prometheus:
     node_exporter(settings, all_settings())
     watchdog(settings)
     monitor(settings, all_settings())

@@ -913,6 +913,7 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
         c.problem("monitor_storage_path", why)
     watchdog = c.boolean("watchdog")
     managed = c.boolean("alertmanager_managed", "the converge writes alertmanager.yml")
+    external = c.boolean("external_prometheus", "the exporters and the watchdog without a monitor host")
     found, why = receivers.check(c.get("alert_receivers"), deploying=c.deploying)
     for path, message in why:
         c.problem(path, message, c.sources.get("alert_receivers"))
@@ -922,7 +923,7 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
     if len(c.problems) > before:
         return None
     return monitoring.MonitorSettings(
-        alert_receivers=found, alertmanager_managed=managed,
+        alert_receivers=found, alertmanager_managed=managed, external_prometheus=external,
         retention=retention, storage_path=storage,
         scrape_interval_s=values["monitor_scrape_interval_s"],
         slo_ttft_p95_s=values["slo_ttft_p95_s"], slo_e2e_p95_s=values["slo_e2e_p95_s"],

@@ -98,6 +98,7 @@ class MonitorSettings:
     canary_e2e_p95_ratio_max: float = schema.default("canary_e2e_p95_ratio_max")
     alert_receivers: tuple = ()        # gpuserve.receivers.Receiver
     alertmanager_managed: bool = schema.default("alertmanager_managed")
+    external_prometheus: bool = schema.default("external_prometheus")
 
 
 @dataclass(frozen=True)

@@ -381,6 +381,10 @@ KEYS: tuple[Key, ...] = (
         "pagerduty (docs/monitoring.md, \"Receivers\")", "where alertmanager sends the alerts; "
         "their secrets from `*_file` or `*_command` (docs/secrets.md)", _MONITOR, M,
         default_doc="none: alerts only on alertmanager's API and UI"),
+    Key("external_prometheus", False, "bool", BOOL, "`True`: node-exporter, its TLS front and the "
+        "watchdog are installed without a monitor host, for a Prometheus of your own (put its address "
+        "in `proxy_operator_networks`; `gpuserve monitoring-export` writes its targets and rules)",
+        _MONITOR, M),
     Key("alertmanager_managed", True, "bool", BOOL, "`False`: the converge leaves "
         "`/etc/prometheus/alertmanager.yml` alone (you manage it; `alert_receivers` must be empty)",
         _MONITOR, M),

@@ -122,7 +122,7 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
     """prometheus-node-exporter on 127.0.0.1:9100 with the textfile directory the watchdog writes,
     behind nginx's TLS front on NODE_EXPORTER_TLS_PORT."""
     monitors = monitor_hosts(all_settings)
-    if not monitors:
+    if not monitors and not settings.monitor.external_prometheus:   # issue 29: your own Prometheus
         return
     apt.packages(name="prometheus-node-exporter, nginx, openssl",
                  packages=["prometheus-node-exporter", "nginx", "openssl"],
