@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from gpuserve import (engine_pins, gateway, layout, monitoring, proxy_conf, receivers, recipes,
-                      rollout, schema, secret_sources, stack)
+                      rollout, schema, secret_sources, stack, tenants)
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
@@ -111,6 +111,7 @@ class DeploymentSettings:
     origins: Mapping[str, tuple[str, str]]  # key -> (key path, source)
     operator_keys_file: str | SecretCommand | None = None  # a path on the control node, or a command
     scrape_keys_file: str | SecretCommand | None = None    # the same: monitoring routes only
+    tenants: tuple = ()   # gpuserve.tenants.Tenant: groups of client keys with limits of their own
 
     @property
     def unit(self) -> str:
@@ -680,6 +681,21 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
             if why:
                 bad(key, why)
     keys_file, op_file = values["api_keys_file"], values["operator_keys_file"]
+    host_limits = {k: (c.get(f"proxy_{k}") if isinstance(c.get(f"proxy_{k}"), int)
+                       else schema.default(f"proxy_{k}")) for k in tenants.LIMITS}
+    found_tenants, why = tenants.check(values["tenants"], host_limits, origins["tenants"][0])
+    for where, message in why:
+        c.problem(where, message, origins["tenants"][1])
+    for t in found_tenants:   # their keys: checked as api_keys_file's (a deploy runs a command)
+        where = f"{origins['tenants'][0]}.{t.name}"
+        if isinstance(t.keys, SecretCommand):
+            why_keys = key_command_problem(t.keys) if c.deploying else None
+        elif not Path(t.keys).is_file():
+            why_keys = f"{t.keys} does not exist on this control node" if c.deploying else None
+        else:
+            why_keys = key_file_problem(Path(t.keys))
+        if why_keys:
+            c.problem(f"{where}.keys", why_keys, origins["tenants"][1])
     for key in DEPLOYMENT_DEFAULTS:
         # the entry's own values, and the two mappings it may inherit (the other inherited
         # values were scanned where they were set)
@@ -695,7 +711,7 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         api_keys_file=keys_file, shutdown_timeout_s=values["shutdown_timeout_s"],
         ready_timeout_s=values["ready_timeout_s"], proxy_port=values["proxy_port"],
         origins=MappingProxyType(origins), operator_keys_file=op_file,
-        scrape_keys_file=values["scrape_keys_file"],
+        scrape_keys_file=values["scrape_keys_file"], tenants=found_tenants,
     )
 
 

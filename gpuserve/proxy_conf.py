@@ -198,7 +198,8 @@ def tls_conf(cert: str, key: str) -> str:
 def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence[str],
                 engine_host: str, engine_port: int, drain_flag: str, read_timeout_s: int,
                 operator_networks: Sequence[str], limits: ProxyLimits,
-                gateways: Sequence[str] = (), admin_routes: bool = True) -> str:
+                gateways: Sequence[str] = (), admin_routes: bool = True, tenants_http: str = "",
+                tenants_server: str = "") -> str:
     """The front of one deployment (conf.d/gpuserve-<deployment>.conf). With ``gateways`` (the
     addresses of the fleet's gateways, docs/gateway.md) the client routes answer only them and
     operator keys: the client's key was checked once, at the gateway; from anywhere else a
@@ -245,14 +246,16 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "    ~^s 403;\n",
         "    default 401;\n",
         "}\n",
-        "# the per-key limits count client keys (by id); operator keys (scrapers, tools) are exempt\n",
+        "# the per-key limits count client keys (by id); operator keys (scrapers, tools) are exempt;\n",
+        "# a tenant's keys (c-<tenant>-n) count in their tenant's zones (gpuserve/tenants.py)\n",
         f"map ${v}_key ${v}_client {{\n",
-        f"    ~^c ${v}_key;\n",
+        f"    ~^c[0-9] ${v}_key;\n",
         "    default \"\";\n",
         "}\n",
         f"limit_req_zone ${v}_client zone={v}_rate:1m rate={lim.rate_per_key}r/s;\n",
         f"limit_conn_zone ${v}_client zone={v}_conn:1m;\n",
         f"limit_conn_zone ${v}_client zone={v}_pconn:1m;\n",
+        tenants_http,
         *(_gateway_maps(v, gateways) if gateways else
           [f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n"]),
         "\n",
@@ -285,6 +288,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         f"    limit_conn {v}_addr {lim.conn_per_address};\n",
         f"    limit_conn {v}_conn {lim.conn_per_key};\n",
         f"    limit_req zone={v}_rate burst={lim.burst_per_key} nodelay;\n",
+        tenants_server,
         "    limit_req_status 429;\n",
         "    limit_conn_status 429;\n",
         "    proxy_http_version 1.1;\n",

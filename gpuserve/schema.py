@@ -201,6 +201,9 @@ KEYS: tuple[Key, ...] = (
         "without a shell; not with `api_keys_file`", "prints what `api_keys_file` would hold (`['age', "
         "'-d', '-i', 'key.txt', 'keys.age']`, `sops -d`, `pass show`, `vault kv get -field=...`); "
         "held in memory only, never written or printed (docs/secrets.md)", _DEPLOYMENT, D),
+    Key("tenants", {}, "mapping", "tenant name -> {keys_file or keys_command, rate_per_key, "
+        "burst_per_key, conn_per_key}", "groups of client keys with per-key limits of their own "
+        "(the proxy's `proxy_*_per_key` otherwise; see \"Proxy: routes, limits, TLS\")", _DEPLOYMENT, D),
     Key("operator_keys_command", None, "list", "a command as a list of words; not with "
         "`operator_keys_file`", "prints what `operator_keys_file` would hold (docs/secrets.md)",
         _DEPLOYMENT, D),

@@ -22,7 +22,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, gateway, layout, proxy_conf, rollout, secret_sources
+from gpuserve import api_keys, certs, gateway, layout, proxy_conf, rollout, secret_sources, tenants
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan, SecretInstall
 from gpuserve.layers import secrets_ops
@@ -112,6 +112,21 @@ def _read_keys(secret: SecretInstall, required: bool) -> list[str]:
     return keys
 
 
+def _tenant_keys(dep, taken: set[str]) -> list[tuple[tenants.Tenant, list[str]]]:
+    """Each tenant of ``dep`` with its keys, read from its source; a key in two places fails
+    (it would count in one tenant's zones only)."""
+    out = []
+    for t in dep.tenants:
+        what = SecretInstall(dep.name, "client-keys", t.keys, "", f"tenants.{t.name}.keys_file")
+        keys = _read_keys(what, required=True)
+        if taken & set(keys):
+            raise OperationError(f"{host.name}: deployments.{dep.name}: tenant {t.name} has a key that "
+                                 "is also in api_keys_file, operator_keys_file, scrape_keys_file or another tenant")
+        taken |= set(keys)
+        out.append((t, keys))
+    return out
+
+
 def server_names(settings: HostSettings) -> list[str]:
     names = [host.name, "localhost", "127.0.0.1"]
     address = host.data.get("ssh_hostname")
@@ -178,8 +193,11 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
             raise OperationError(f"{host.name}: deployments.{dep.name}: a key of scrape_keys_file is "
                                  "also in api_keys_file or operator_keys_file; a scrape key must be "
                                  "a separate key")
+        groups = _tenant_keys(dep, set(clients) | set(operators) | set(scrapers))   # issue 29: their own limits
         keys = secrets_ops.credential_file(name=f"{dep.name}: client API keys (encrypted, not shown)",
-                                           content=keys_map(clients, "c"), dest=client_secret.dest,
+                                           content=keys_map(clients, "c") + "".join(
+                                               tenants.keys_map(t.name, k) for t, k in groups),
+                                           dest=client_secret.dest,
                                            cred_name=f"{dep.name}.keys")
         op_keys = secrets_ops.credential_file(name=f"{dep.name}: operator and scrape keys (encrypted, not shown)",
                                               content=keys_map(operators, "o") + keys_map(scrapers, "s"),
@@ -207,7 +225,8 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                 engine_port=dep.serve_port, drain_flag=rollout.drain_flag(dep.name),
                 read_timeout_s=max(600, dep.ready_timeout_s),
                 operator_networks=settings.proxy_operator_networks, limits=limits,
-                gateways=gateways)),
+                gateways=gateways, tenants_http=tenants.http_conf(dep.name, dep.tenants),
+                tenants_server=tenants.server_conf(dep.name, dep.tenants))),
             dest=conf_path(dep.name), user="root", group="root", mode="644")
         changed += [keys, op_keys, conf]
     # a crashed nginx (kill -9 of the master) is restarted by its drop-in; a stopped one here
