@@ -19,7 +19,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
@@ -175,7 +175,9 @@ def _alertmanager_yml(m: monitoring.MonitorSettings) -> Any:
     (a Slack URL, a PagerDuty key, an SMTP password), root:prometheus 0640, never shown; with
     ``alertmanager_managed = False``, left alone (None)."""
     if not m.alertmanager_managed:
-        host.noop("alertmanager.yml is yours (alertmanager_managed = False): left alone")
+        # not host.noop: outside an operation pyinfra does not print it
+        logger.warning(f"    [{host.name}] alertmanager.yml is yours (alertmanager_managed = False): "
+                       "left alone")
         return None
     if not any(r.secrets for r in m.alert_receivers):
         receiver = receivers.alertmanager_receiver(m.alert_receivers, secret_sources.read_text)
