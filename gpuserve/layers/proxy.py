@@ -53,7 +53,7 @@ def conf_path(deployment: str) -> str:
 
 DROPIN = layout.NGINX_DROPIN_PATH
 # issue 29: nginx's keys are systemd credentials at rest, decrypted into /run before it starts
-CREDENTIALS_DROPIN = layout.systemd_dropin_path("nginx", "gpuserve-credentials.conf")
+CREDENTIALS_DROPIN = layout.NGINX_CREDENTIALS_DROPIN
 NGINX_TEST = "/usr/sbin/nginx -t -q -g 'daemon on; master_process on;'"   # Debian's ExecStartPre=
 
 

@@ -36,8 +36,8 @@ from gpuserve import layout
 STAGING = layout.SECRETS_STAGING_DIR   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
 UPLOAD_DIR = ".gpuserve-upload"      # in the login user's home, 0700: where it uploads under sudo
 # credentials (issue 29): plaintext only on tmpfs
-RUN_DIR = "/run/gpuserve/secrets"     # root 0700: the decrypted credentials, where ``dest`` points
-RUN_STAGING = "/run/gpuserve/.staging"
+RUN_DIR = layout.SECRETS_RUN_DIR     # root 0700: the decrypted credentials, where ``dest`` points
+RUN_STAGING = layout.SECRETS_RUN_STAGING
 SHM_UPLOAD = "/dev/shm/.gpuserve-upload"   # + "-<login user>", 0700: the sudo upload, in memory
 
 
@@ -169,7 +169,7 @@ for dir in "$@"; do
   done
 done
 """
-CREDENTIALS_BIN = "/opt/gpuserve/bin/gpuserve-credentials"
+CREDENTIALS_BIN = layout.CREDENTIALS_BIN
 
 
 def credentials_dropin(directory: str, start_pre: str) -> str:

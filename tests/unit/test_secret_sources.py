@@ -53,7 +53,7 @@ def test_every_file_secret_setting_has_a_command_twin_in_the_schema():
         assert schema.BY_NAME[twin].kind == "list"
         assert schema.BY_NAME[twin].scope == schema.BY_NAME[file_key].scope
     # and the plan's secrets name no setting without one
-    kinds = {"api_keys_file", "operator_keys_file", "proxy_tls_key_file"}
+    kinds = {"api_keys_file", "operator_keys_file", "scrape_keys_file", "proxy_tls_key_file"}
     assert kinds == set(SECRET_SETTINGS)
 
 
