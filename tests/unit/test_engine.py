@@ -74,6 +74,31 @@ def test_spec_for_a_gpu_recipe_downloads_kernels_and_excludes_nothing():
     assert spec.interpreter == "managed" and spec.uv_version == eng.UV_VERSION
 
 
+def test_gpu_engines_are_constrained_to_a_coherent_cuda_python_cpu_is_not():
+    """Issue 25: without the constraint uv pairs cuda-python 12.6.2.post1 (monolithic, ships
+    cuda/bindings) with cuda-bindings 13.5.0, and the venv depends on the unpack order."""
+    for group, data in (("hopper_x8", {}), ("hopper_x8", {"engine": "sglang"}),
+                        ("blackwell_x4", {"engine": "sglang"})):
+        spec = eng.spec_for(settings_of(make_inventory(group=group, group_data=data)))
+        assert spec.constraints == ("cuda-python>=12.8",), (group, data)
+        assert spec.id_inputs["constraints"] == ["cuda-python>=12.8"]
+    cpu = eng.spec_for(settings_of(make_inventory(group="cpu", group_data={"engine_version": "0.32.0"})))
+    assert cpu.constraints == () and "constraints" not in cpu.id_inputs
+    assert replace(GPU, constraints=("cuda-python>=12.8",)).id != GPU.id
+
+
+def test_constrained_install_and_build_write_and_pass_the_constraints():
+    spec = replace(GPU, constraints=("cuda-python>=12.8",))
+    cmd = eng.install_command(spec, "/uv", "/e")
+    assert cmd[cmd.index("--constraints") + 1] == "/e/gpuserve-constraints.txt"
+    script = eng.build_script(spec, "/uv")
+    write = f"printf '%s\\n' 'cuda-python>=12.8' > {spec.partial_dir}/gpuserve-constraints.txt"
+    install = shlex.join(eng.install_command(spec, "/uv", spec.partial_dir))
+    stray = f"rm -f {spec.partial_dir}/lib/python3.12/site-packages/build_backend.py"
+    positions = _order(script, write, install, stray, "import_module")
+    assert positions == sorted(positions), script
+
+
 def test_sglang_downloads_no_vllm_kernels():
     spec = eng.spec_for(settings_of(make_inventory(
         group="hopper_x8", group_data={"engine": "sglang", "torch_backend": "cu130"})))
