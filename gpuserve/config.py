@@ -174,6 +174,7 @@ class HostSettings:
     python_downloads: str = schema.default("python_downloads")
     wheelhouse: str | None = schema.default("wheelhouse")
     engine_excludes: tuple[str, ...] | None = schema.default("engine_excludes")
+    engine_overrides: tuple[str, ...] | None = schema.default("engine_overrides")  # uv --overrides lines
     engine_index: str | None = schema.default("engine_index")  # an extra wheel index for the engine (ROCm wheels)
     # proxy limits and access (gpuserve.proxy_conf.ProxyLimits's fields, without "proxy_")
     proxy_limits: Mapping[str, int] = field(default_factory=dict)
@@ -447,8 +448,22 @@ def _engine_build(c: _Checker) -> dict[str, Any]:
             excludes = None
         else:
             excludes = tuple(excludes)
+    overrides = c.get("engine_overrides")
+    if overrides is not None:
+        if isinstance(overrides, str) or not isinstance(overrides, (list, tuple)) or not all(
+                isinstance(o, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+!-]*", o)
+                for o in overrides):
+            c.problem("engine_overrides", f"{overrides!r} is not a list of exact pins "
+                      "'name==version', e.g. ['flashinfer-python==0.7.4']")
+            overrides = None
+        elif wheelhouse is not None and overrides:
+            c.problem("engine_overrides", "cannot be used with a wheelhouse (pip download, which "
+                      "builds it, has no overrides); install from the index or set engine_index")
+            overrides = None
+        else:
+            overrides = tuple(sorted(overrides))
     return dict(uv_version=uv, python_downloads=downloads, wheelhouse=wheelhouse,
-                engine_excludes=excludes)
+                engine_excludes=excludes, engine_overrides=overrides or None)
 
 
 def _host_level(c: _Checker) -> dict[str, Any]:

