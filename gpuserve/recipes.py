@@ -215,6 +215,11 @@ RECIPES: dict[str, Recipe] = {
             # Derived (no seed): SGLang 0.5.23 serves the NVFP4-expert checkpoint on Blackwell
             # with page 128 and an fp8_e4m3 KV cache (it refuses anything else) and bundles the
             # DSpark draft; 7 draft tokens mirror the vLLM recipe's num_speculative_tokens.
+            # chunked-prefill-size 8192: on Blackwell SGLang serves the NVFP4 experts with
+            # MegaMoE, whose buffer holds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK
+            # (8192 by default) tokens per rank; its default chunked prefill on a GB200 (16384)
+            # is refused in resolve_once (sglang/srt/arg_groups/mega_moe_hook.py,
+            # validate_mega_moe_token_budget; the truth suite runs it: tests/truth).
             sglang=EngineTable(
                 flags=_frozen(
                     {
@@ -226,6 +231,7 @@ RECIPES: dict[str, Recipe] = {
                         "speculative-dspark-block-size": 7,
                         "context-length": 32768,
                         "max-running-requests": 4,
+                        "chunked-prefill-size": 8192,
                     }
                 ),
             ),

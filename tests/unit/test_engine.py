@@ -129,7 +129,7 @@ def test_launch_argv_vllm_cpu_uses_the_module_and_the_yaml_model():
 
 def test_launch_argv_sglang():
     assert eng.launch_argv(SGLANG, "/m/sha", "/c/serve.yaml") == [
-        f"{SGLANG.env_dir}/bin/python", "-m", "sglang.launch_server", "--model-path", "/m/sha",
+        f"{SGLANG.env_dir}/bin/sglang", "serve", "--model-type", "llm", "--model-path", "/m/sha",
         "--config", "/c/serve.yaml"]
     assert eng.config_additions(SGLANG, "/m/sha") == {}
 
