@@ -3,6 +3,9 @@ then the engine's own native modules and configuration objects (issue 10).
 
     GPUSERVE_TRUTH_DIR=/var/tmp/gpuserve-truth .venv/bin/pytest -m truth tests/truth -v -s
 
+On the hosts' Python, 3.12 (harness.host_python: a CPython 3.12 of this machine, as uv cannot
+download its managed one here).
+
 Needs root (unshare -m), a C compiler, PyPI, ~40 GB under GPUSERVE_TRUTH_DIR and, the first time,
 20+ minutes; later runs reuse uv's cache there. What it cannot do here (no GPU, no driver, no
 ROCm index) is listed per recipe in docs/recipes.md ("Engine pins").
