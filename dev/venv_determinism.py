@@ -33,9 +33,11 @@ from gpuserve import engine as eng  # noqa: E402
 from gpuserve import venv_files  # noqa: E402
 
 
-def tree_digest(root: Path) -> tuple[int, str, str]:
-    """(files, sha256 over path+content of every file but bytecode, the same with bytecode)."""
+def tree_digest(root: Path, listing: Path | None = None) -> tuple[int, str, str]:
+    """(files, sha256 over path+content of every file but bytecode, the same with bytecode);
+    ``listing``: also write one ``path sha256`` line per file there (to name what differs)."""
     without, with_pyc = hashlib.sha256(), hashlib.sha256()
+    lines = []
     count = 0
     for dirpath, dirnames, files in os.walk(root):
         dirnames.sort()
@@ -48,9 +50,12 @@ def tree_digest(root: Path) -> tuple[int, str, str]:
                 with open(path, "rb") as fh:
                     line = f"{rel} {hashlib.file_digest(fh, 'sha256').hexdigest()}\n".encode()
             count += 1
+            lines.append(line)
             with_pyc.update(line)
             if "__pycache__" not in rel:
                 without.update(line)
+    if listing is not None:
+        listing.write_bytes(b"".join(lines))
     return count, without.hexdigest(), with_pyc.hexdigest()
 
 
@@ -109,7 +114,7 @@ def main() -> int:
         for stray in eng.STRAY_FILES:
             (site / stray).unlink(missing_ok=True)
         shared = venv_files.report(str(site))
-        count, digest, digest_pyc = tree_digest(venv)
+        count, digest, digest_pyc = tree_digest(venv, work / f"run-{run}.files")
         row = {"run": run, "seconds": round(seconds, 1), "downloaded_bytes": du(cache),
                "venv_bytes": du(venv), "files": count, "digest": digest[:16],
                "digest_with_bytecode": digest_pyc[:16], "shared_files": len(shared)}
@@ -117,6 +122,12 @@ def main() -> int:
         print(json.dumps(row), flush=True)
         for line in shared[:5]:
             print("  shared:", line)
+    first = set((work / "run-1.files").read_text().splitlines())
+    differing = sorted({line.split(" ")[0] for r in results[1:] for line in
+                        set((work / f"run-{r['run']}.files").read_text().splitlines()) ^ first})
+    print(f"files that differ from run 1 in some run: {len(differing)}")
+    for path in differing[:20]:
+        print("  ", path)
     same = len({r["digest"] for r in results}) == 1
     same_pyc = len({r["digest_with_bytecode"] for r in results}) == 1
     print(f"RESULT {args.requirement}: {len(results)} cold installs, identical files "
