@@ -286,9 +286,10 @@ def uv_environment(spec: EngineSpec) -> dict[str, str]:
     Pythons (when allowed) in a directory the service user can read, and reproducible
     bytecode: with SOURCE_DATE_EPOCH set, Python's py_compile (which uv's --compile-bytecode
     runs) writes checked-hash .pyc files (the source's hash, not its mtime, which uv sets to
-    the install time), so two installs of a pin give the same .pyc bytes
-    (dev/venv_determinism.py; bench/RESULTS.md). The venv is immutable, so a checked-hash pyc
-    is never stale; Python hashes the source when it imports it."""
+    the install time). That makes the .pyc of small pins identical install after install; the
+    vLLM 0.33.0 venv still differs in some bytecode between cold installs (every other file is
+    identical; dev/venv_determinism.py names them, bench/RESULTS.md). The venv is immutable,
+    so a checked-hash pyc is never stale; Python hashes the source when it imports it."""
     return {
         "SOURCE_DATE_EPOCH": "0",
         "UV_NO_CONFIG": "1",
