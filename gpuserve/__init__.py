@@ -20,6 +20,7 @@ Settings and plans (pure: no host access)
     layout          where things live on a served host (paths, unit names, the service user)
 What goes onto hosts, rendered on the control node (pure)
     engine          the engine's venv: its id, the uv commands that build it, how the unit starts it
+    venv_files      which distribution owns which file of a venv (the engine build fails on a clash)
     release_files   a deployment's release as files (serve.yaml, launch, the readiness gate's command)
     releases        releases: the immutable pinned tuple a host serves, and their bookkeeping
     stack           the GPU stack as data: packages, versions, repositories, the checks of a host
