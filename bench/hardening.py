@@ -7,6 +7,12 @@
 
     GPUSERVE_SANDBOX_INSTANCE=41 .venv/bin/python bench/hardening.py [--host sandbox-1]
 
+With ``--flood KEYS`` (a file of two client keys the host was converged with, --data
+api_keys_file=KEYS) it measures only issue 26's case instead: the second key's chat latency while
+the first sends 8 concurrent chats of 120,000 one-character messages (about 4 MB each) in a loop,
+and what those get. Converge again with --data proxy_max_messages=1000000 for the case without
+the message limit.
+
 Every loop is bounded (counts and seconds). Prints one table.
 """
 
@@ -35,14 +41,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--host", default="sandbox-1")
     ap.add_argument("--chats", type=int, default=5)
+    ap.add_argument("--flood", type=Path, help="a file of two client keys: measure issue 26's case only")
     args = ap.parse_args()
     box = Sandbox()
     host = next(h for h in box.hosts() if h.name == args.host)
     key = fleet_view.client_key(box)
+    if args.flood:
+        flood_key, key = args.flood.read_text().split()[:2]
     ctx = ssl.create_default_context(cafile=str(fleet_view.host_ca(box, host, Path(tempfile.mkdtemp()))))
     ctx.check_hostname = False
 
-    def request(path: str, body: dict, timeout: float = 120) -> tuple[int, float]:
+    def request(path: str, body: dict, timeout: float = 120, key: str = key) -> tuple[int, float]:
         conn = http.client.HTTPSConnection(host.ip, PORT, timeout=timeout, context=ctx)
         t0 = time.monotonic()
         try:
@@ -63,25 +72,13 @@ def main() -> None:
             out.append(s)
         return out
 
+    if args.flood:
+        return _flood(request, chats, flood_key, key, args.chats)
     # the largest body /tokenize takes (JSON overhead aside): words, so it tokenizes to many tokens
     allowed = ProxyLimits().body_kib * 1024 - 200
     largest = {"model": "tiny-chat", "prompt": ("ab " * (allowed // 3))[:allowed]}
     idle = chats()
-    stop, tok = threading.Event(), []
-
-    def tokenize_loop() -> None:
-        t_end = time.monotonic() + 300
-        while not stop.is_set() and time.monotonic() < t_end and len(tok) < 500:
-            tok.append(request("/tokenize", largest))
-
-    workers = [threading.Thread(target=tokenize_loop) for _ in range(2)]
-    for w in workers:
-        w.start()
-    time.sleep(1)
-    busy = chats()
-    stop.set()
-    for w in workers:
-        w.join(130)
+    busy, tok = _while_looping(chats, lambda: request("/tokenize", largest), threads=2, most=500)
     big_status, big_s = request("/tokenize", {"model": "tiny-chat", "prompt": "a" * 10_000_000}, timeout=120)
     slow = {kind: fleet_view.slow_client(host.ip, ctx, key, kind) for kind in ("body", "header")}
     scores = {}
@@ -103,6 +100,42 @@ def main() -> None:
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name.ljust(width)}  {value}")
+
+
+def _flood(request, chats, flood_key: str, other_key: str, n: int) -> None:
+    """Issue 26: one key sends 8 concurrent 120,000-message chats (in a loop, bounded); the other
+    key's chats, idle and meanwhile."""
+    flood = {"model": "tiny-chat", "max_tokens": 4, "messages": [{"role": "user", "content": "a"}] * 120_000}
+    idle = chats()
+    busy, got = _while_looping(chats, lambda: request("/v1/chat/completions", flood, key=flood_key),
+                               threads=8, most=400)
+    med = statistics.median
+    codes = {c: sum(1 for s, _ in got if s == c) for c in sorted({s for s, _ in got})}
+    print(f"other key's chat, idle (n={len(idle)}): p50 {med(idle):.2f} s, max {max(idle):.2f} s")
+    print(f"other key's chat, during the flood (n={len(busy)}): p50 {med(busy):.2f} s, max {max(busy):.2f} s")
+    print(f"flood: {len(got)} chats of 120,000 messages ({len(json.dumps(flood)) // 1024} KiB), answers {codes}, "
+          f"median {med([t for _, t in got]):.2f} s")
+
+
+def _while_looping(measure, send, threads: int, most: int):
+    """(measure()'s result, what send() returned) while ``threads`` threads call send() in a loop,
+    at most ``most`` times and 300 s in all."""
+    stop, got = threading.Event(), []
+
+    def loop() -> None:
+        t_end = time.monotonic() + 300
+        while not stop.is_set() and time.monotonic() < t_end and len(got) < most:
+            got.append(send())
+
+    workers = [threading.Thread(target=loop) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    time.sleep(1)
+    out = measure()
+    stop.set()
+    for w in workers:
+        w.join(150)
+    return out, got
 
 
 def _cut(seconds: float | None) -> str:

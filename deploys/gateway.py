@@ -8,5 +8,7 @@ serving host in it. Hosts outside the group `gateway` are left as they are. docs
 
 from gpuserve.layers.context import host_settings
 from gpuserve.layers.gateway import gateway
+from gpuserve.layers.rollout import hold_writer_lock
 
+hold_writer_lock("gateway converge")   # it rewrites the worker file: never during a rollout
 gateway(host_settings())

@@ -9,7 +9,9 @@ GPU stack here and is never rebooted: its stack change waits for deploys/upgrade
 hosts max_unavailable at a time. A deployment the group data no longer names is drained, stopped
 and removed before the planned ones start (docs/removal.md). A host whose OS update move
 (deploys/patch.py) did not finish refuses the run: it would start that host's engines and put it
-back into rotation unchecked. Idempotent: a second run reports no changes.
+back into rotation unchecked. It holds the rollout lock while it runs (one writer of rotation and
+the gateways' worker files at a time): during a rollout it refuses, naming it. Idempotent: a
+second run reports no changes.
 """
 
 from pyinfra import host, logger
@@ -23,12 +25,14 @@ from gpuserve.layers.monitoring import monitor, monitor_hosts, node_exporter
 from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.removal import removal
+from gpuserve.layers.rollout import hold_writer_lock
 from gpuserve.layers.units import service
 from gpuserve.layers.watchdog import watchdog
 from gpuserve.layers.fanout import stage_begin, stage_end
 
 plan = host_plan()   # settings, engine spec and releases: made once for this host and run
 settings = plan.settings
+hold_writer_lock("converge")   # one writer at a time: refuses during a rollout (names it)
 
 if settings.serves:   # False on a host of role groups only (gateway, monitor): it serves no model
     refuse_unfinished_patch("converge", settings)   # out mid-patch: deploys/patch.py finishes it
@@ -50,8 +54,9 @@ if settings.serves or settings.gateway:
     ordering_point()   # the gateways read the serving hosts' proxy certificates: after them
 gateway(settings)
 
-# --- monitoring (docs/monitoring.md): only when the inventory has hosts in group monitor ---
-if monitor_hosts(all_settings()):
+# --- monitoring (docs/monitoring.md): when the inventory has hosts in group monitor, or
+# external_prometheus (a Prometheus of your own: gpuserve monitoring-export) ---
+if monitor_hosts(all_settings()) or settings.monitor.external_prometheus:
     node_exporter(settings, all_settings())
     watchdog(settings)
     monitor(settings, all_settings())

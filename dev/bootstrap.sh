@@ -17,7 +17,7 @@ PACKAGES=(
   debootstrap systemd-container iproute2 openssh-client util-linux apt-cacher-ng lxcfs
   python3 python3-venv python3-pip ca-certificates curl rsync
   gnupg gcc libc6-dev dpkg-dev
-  prometheus
+  prometheus age
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

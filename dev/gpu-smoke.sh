@@ -64,7 +64,9 @@ print("SMOKE", "OK" if ok else "NOT OK", f"(fixtures in {out})")
 EOF
 rc=$?
 
-if [ -n "${ENGINE_VENV:-}" ]; then  # the engine build's native-module check, on a real driver
+# the engine build's whole check on a real driver: no file owned by two distributions, the kernel
+# stack (cuda.bindings, cutlass, flashinfer, deep_gemm) imports, every native module loads
+if [ -n "${ENGINE_VENV:-}" ]; then
   echo "== native modules of $ENGINE_VENV"
   code=$("$PY" - "$ENGINE_VENV" <<'EOF'
 import json, sys
@@ -73,7 +75,9 @@ r = json.load(open(sys.argv[1] + "/gpuserve-engine.json"))
 spec = eng.EngineSpec(engine=r["engine"], package=r["package"], version=r["version"],
                       python=r["python"], torch_backend=r["torch_backend"],
                       python_downloads="never", excludes=tuple(r["excludes"]),
-                      kernels=r["kernels"], uv_version=r["uv_version"])
+                      kernels=r["kernels"], uv_version=r["uv_version"],
+                      constraints=tuple(r.get("constraints", ())),
+                      overrides=tuple(r.get("overrides", ())))
 print(eng.verify_code(spec))
 EOF
 ) && timeout 600 "$ENGINE_VENV/bin/python" -c "$code" 2>&1 | grep '^gpuserve:' | tee "$OUT/engine_native_modules.txt"

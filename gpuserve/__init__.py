@@ -20,15 +20,18 @@ Settings and plans (pure: no host access)
     layout          where things live on a served host (paths, unit names, the service user)
 What goes onto hosts, rendered on the control node (pure)
     engine          the engine's venv: its id, the uv commands that build it, how the unit starts it
+    venv_files      which distribution owns which file of a venv (the engine build fails on a clash)
     release_files   a deployment's release as files (serve.yaml, launch, the readiness gate's command)
     releases        releases: the immutable pinned tuple a host serves, and their bookkeeping
     stack           the GPU stack as data: packages, versions, repositories, the checks of a host
     admission       the admission checks per GPU (ECC, retired pages, PCIe, NVLink, XIDs)
     engine_guard    the nftables table that lets only the proxy open the engine ports
     proxy_conf      the nginx configuration of the TLS front
+    tenants         a deployment's tenants: groups of client keys with per-key limits of their own
     certs           the command that makes a self-signed certificate on a host
     gateway         the fleet gateway (smg): worker file, unit, nginx front
     monitoring      what monitor hosts run: Prometheus scrape configs, rules, alertmanager
+    receivers       alertmanager's receivers from ``alert_receivers`` (webhook, email, Slack, PagerDuty)
     grafana         the Grafana dashboards
     weights         checkpoint revisions on disk: manifests, hardlink or fetch, verification
     removal         what the plan no longer keeps on a host, from its footprint
@@ -43,6 +46,7 @@ The control node
     fanout_push     the control node's part of the fan-out: each stripe once, to its root
     wheelhouse      an engine's wheels gathered once for offline installs
     api_keys        secret environment values, read at deploy time
+    secret_sources  where a secret comes from: a file, or a command whose output stays in memory
     locks           a lock file on the control node (fcntl)
 The ``gpuserve`` command
     cli             the command and its subcommands (plan, status, wheelhouse, resolve, top); the
@@ -50,6 +54,7 @@ The ``gpuserve`` command
     plan            ``gpuserve plan``: what each host would serve, without touching a host
     status          ``gpuserve status``: what runs on each host and whether it answers
     top             ``gpuserve top``: the fleet live, from Prometheus
+    monitoring_export  ``gpuserve monitoring-export``: file_sd targets and rules for a Prometheus of your own
 layers/: pyinfra ``@deploy`` layers, the custom operations they use, and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified

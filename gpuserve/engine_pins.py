@@ -15,6 +15,7 @@ plain-PyPI vLLM on a ROCm recipe, a flag the pinned parser lacks, a feature newe
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -124,9 +125,30 @@ def required_version(package: str, config: Mapping[str, Any]) -> list[Feature]:
     return [f for f in FEATURES if f.package == _base(package) and f.uses(config)]
 
 
+# Overrides of a pin's requirement that PyPI lacks which the truth suite builds with the engine
+# layer's own script and checks (tests/truth: vLLM 0.34.0's whole engine config for blackwell_x4,
+# kernel stack imported): the way out the refusal offers.
+TESTED_OVERRIDES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("vllm", "0.34.0"): ("flashinfer-python==0.7.4",),
+}
+# vLLM's ROCm wheel index, per release and ROCm variant: vllm-project/vllm
+# docs/getting_started/installation/gpu.rocm.inc.md ("uv pip install vllm==0.18.0
+# --extra-index-url https://wheels.vllm.ai/rocm/0.18.0/rocm700"; variants rocm700, rocm721, ...;
+# the wheels are for Python 3.12 only, and uv falls back to PyPI's CUDA wheel on another Python).
+VLLM_ROCM_INDEX = "https://wheels.vllm.ai/rocm/{version}/{variant}"
+VLLM_ROCM_VARIANT = "rocm721"  # the example's variant (ROCm 7.2.1); see https://wheels.vllm.ai/rocm/<version>/
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[=<>!~ ;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
 def pin_problems(package: str, version: str, torch_backend: str, rocm: bool,
-                 engine_index: str | None) -> list[tuple[str, str]]:
-    """(key, message) for a pin that cannot install or start, before any flag is looked at."""
+                 engine_index: str | None, overrides: tuple[str, ...] = (),
+                 python: str | None = None) -> list[tuple[str, str]]:
+    """(key, message) for a pin that cannot install or start, before any flag is looked at.
+    Each piece of advice is a setting the plan then accepts (tests/unit/test_engine_pins.py
+    applies each and plans again)."""
     out: list[tuple[str, str]] = []
     if not known(package, version):
         have = ", ".join(v for p, v in sorted(FLAGS) if p == package) or "none"
@@ -137,19 +159,42 @@ def pin_problems(package: str, version: str, torch_backend: str, rocm: bool,
                     "those, or run dev/gen_engine_flags.py for it"))
         return out
     missing = MISSING_ON_PYPI.get((package, version), ())
-    if missing and not engine_index:
+    overridden = {_name(o) for o in overrides}
+    unmet = [m for m in missing if _name(m) not in overridden]
+    if unmet and not engine_index and not rocm:
+        tested = TESTED_OVERRIDES.get((package, version), ())
+        way = (f"set engine_overrides = {json.dumps(list(tested))} (built and checked by the "
+               "truth suite; docs/recipes.md), or " if tested else "")
         out.append(("engine_version",
                     f"{package}=={version} cannot install from PyPI: it requires "
-                    f"{', '.join(missing)}, which PyPI does not have. Set engine_index to an "
-                    "index that serves it (the project's own wheel index or a mirror), or pin "
-                    "another engine (e.g. engine = 'sglang')"))
+                    f"{', '.join(unmet)}, which PyPI does not have. To install it, {way}set "
+                    "engine_index to an index that serves "
+                    f"{' and '.join(unmet)} (gpuserve cannot check an index at plan time: the "
+                    "build fails if it does not)"))
     if rocm:
+        example = VLLM_ROCM_INDEX.format(version=version, variant=VLLM_ROCM_VARIANT)
         if package in ("vllm", "sglang") and not engine_index:
+            hint = ("vLLM's ROCm wheel index for the pin (https://wheels.vllm.ai/rocm/"
+                    "<version>/<variant>, vLLM's docs/getting_started/installation/"
+                    f"gpu.rocm.inc.md), its mirror or a wheelhouse built from it: e.g. set "
+                    f"engine_index = '{example}'"
+                    if package == "vllm" else "an index that serves SGLang's ROCm wheels")
             out.append(("engine_index",
                         f"{package}=={version} from PyPI is the CUDA build: on a ROCm recipe it "
                         "installs CUDA kernels that cannot load on AMD GPUs. Set engine_index "
-                        "to an index that serves the engine's ROCm wheels (vLLM's ROCm wheel "
-                        "index or its mirror; see docs/recipes.md) or a wheelhouse built from it"))
+                        f"to {hint}"))
+        elif package == "vllm" and engine_index:
+            m = re.match(r"https?://wheels\.vllm\.ai/rocm/([^/]+)(/|$)", engine_index)
+            if m and m.group(1) != version:
+                out.append(("engine_index",
+                            f"{engine_index} is vLLM's ROCm index for {m.group(1)}, the pin is "
+                            f"{package}=={version}: uv would install PyPI's CUDA build; set "
+                            f"engine_index = '{example}'"))
+            if python is not None and python != "3.12":
+                out.append(("python_version",
+                            f"vLLM's ROCm wheels are built for Python 3.12 only, this host's "
+                            f"venv is {python}: uv would fall back to PyPI's CUDA wheel; set "
+                            "python_version = '3.12'"))
         return out
     pin = torch_pin(package, version)
     if pin is not None and pin[1] in CUDA_BACKENDS and torch_backend.startswith("cu"):

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from gpuserve import layout, schema
+from gpuserve import engine_guard, layout, schema
 
 # Inventory groups whose hosts serve no model unless they also set gpu_model (a hardware group).
 # The monitoring tier adds "monitor" here the same way.
@@ -62,8 +62,9 @@ class GatewaySettings:
     smg_version: str
     workers_ca_file: str | None   # control node; None: the serving hosts' own certificates
     addresses: tuple[str, ...]    # what the serving hosts see this gateway connect from
-    api_keys_file: str | None = None       # control node: the clients' keys, checked here
-    operator_keys_file: str | None = None  # control node: keys for the operator routes
+    # control node: a file, or a gpuserve.secret_sources.SecretCommand (the *_command settings)
+    api_keys_file: Any = None              # control node: the clients' keys, checked here
+    operator_keys_file: Any = None         # control node: keys for the operator routes
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,9 @@ def unit(g: GatewaySettings, venv: str) -> str:
 Description=gpuserve fleet gateway (smg)
 After=network-online.target
 Wants=network-online.target
+# only root and nginx's workers open smg's ports on this host: no smg without the guard's table
+Requires={engine_guard.GATEWAY_UNIT}
+After={engine_guard.GATEWAY_UNIT}
 StartLimitIntervalSec=600
 StartLimitBurst=20
 

@@ -114,6 +114,11 @@ PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
 ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
 
 # gpuserve's own host-wide state
+TOOLS_DIR = f"{OPT_DIR}/bin"                   # gpuserve's commands on a host
+CREDENTIALS_BIN = f"{TOOLS_DIR}/gpuserve-credentials"   # decrypts systemd credentials into /run
+RUN_DIR = "/run/gpuserve"                      # tmpfs: nothing here outlives a reboot
+SECRETS_RUN_DIR = f"{RUN_DIR}/secrets"         # root 0700: the decrypted credentials (layers/secrets_ops.py)
+SECRETS_RUN_STAGING = f"{RUN_DIR}/.staging"    # root 0700: a credential's upload, before it is encrypted
 SECRETS_STAGING_DIR = f"{ETC_DIR}/.staging"   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
 DOWNLOADS_DIR = "/var/cache/gpuserve"          # GPU-stack downloads
 ENGINE_LOG_DIR = "/var/log/gpuserve"           # engine build logs (gpuserve.engine.LOG_DIR)
@@ -124,6 +129,10 @@ STACK_MOVING = f"{STACK_STATE_DIR}/moving"        # a stack move began here and 
 PATCH_MOVING = f"{STACK_STATE_DIR}/patching"      # an OS-update move began here and has not finished
 EXPORTERS_DIR = f"{NGINX_ETC_DIR}/gpuserve-exporters"   # the exporters' TLS front's key pair (layers/monitoring.py)
 EXPORTERS_CONF = f"{NGINX_CONF_D}/gpuserve--exporters.conf"   # its site; no deployment has this name
+# the nftables guards (gpuserve.engine_guard): each ruleset file its unit loads with nft -f
+ENGINE_GUARD_RULES = f"{ETC_DIR}/engine-guard.nft"
+MONITOR_GUARD_RULES = "/etc/gpuserve-monitor-guard.nft"     # on the monitor: Prometheus, alertmanager
+GATEWAY_GUARD_RULES = "/etc/gpuserve-gateway-guard.nft"     # on a gateway host: smg
 GATEWAY_STATE_DIRS = ("/var/lib/gpuserve-gateway",   # smg's StateDirectory (DynamicUser: a link to private/)
                       "/var/lib/private/gpuserve-gateway")
 
@@ -131,6 +140,14 @@ GATEWAY_STATE_DIRS = ("/var/lib/gpuserve-gateway",   # smg's StateDirectory (Dyn
 def systemd_unit_path(unit: str) -> str:
     """``/etc/systemd/system/<unit>``: where gpuserve writes a unit file."""
     return posixpath.join(SYSTEMD_DIR, unit)
+
+
+def systemd_dropin_path(service: str, name: str) -> str:
+    """``/etc/systemd/system/<service>.service.d/<name>``: a drop-in gpuserve adds to a service."""
+    return posixpath.join(SYSTEMD_DIR, f"{service}.service.d", name)
+
+
+NGINX_CREDENTIALS_DROPIN = systemd_dropin_path("nginx", "gpuserve-credentials.conf")   # decrypts nginx's keys
 
 
 def unit_path(deployment: str) -> str:

@@ -96,6 +96,9 @@ class MonitorSettings:
     canary_error_ratio_max: float = schema.default("canary_error_ratio_max")
     canary_ttft_p95_ratio_max: float = schema.default("canary_ttft_p95_ratio_max")
     canary_e2e_p95_ratio_max: float = schema.default("canary_e2e_p95_ratio_max")
+    alert_receivers: tuple = ()        # gpuserve.receivers.Receiver
+    alertmanager_managed: bool = schema.default("alertmanager_managed")
+    external_prometheus: bool = schema.default("external_prometheus")
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,8 @@ class EngineTarget:
     deployment: str
     scheme: str               # https (the proxy) | http (trusted_network)
     port: int
-    operator_key_file: str | None = None   # on the monitor: SCRAPE_SECRETS_DIR/<host>-<dep>.key
+    operator_key_file: str | None = None   # on the monitor: SCRAPE_SECRETS_DIR/<host>-<dep>.key,
+    # holding a key of the deployment's scrape_keys_file (monitoring routes only), never an operator key
     ca_file: str | None = None             # on the monitor; None: skip verification (self-signed)
     server_name: str | None = None
 
@@ -133,10 +137,10 @@ def address_of(host: str, address: str) -> str:
 
 
 def engine_target(host: str, address: str, deployment: str, *, proxy: bool, trusted_network: bool,
-                  proxy_port: int, serve_host: str, serve_port: int, has_operator_key: bool,
+                  proxy_port: int, serve_host: str, serve_port: int, has_scrape_key: bool,
                   has_cert_file: bool) -> EngineTarget | str:
     """How the monitor scrapes one deployment, or why it cannot (a sentence)."""
-    key = f"{SCRAPE_SECRETS_DIR}/{host}-{deployment}.key" if has_operator_key else None
+    key = f"{SCRAPE_SECRETS_DIR}/{host}-{deployment}.key" if has_scrape_key else None
     ca = f"{SCRAPE_CA_DIR}/{host}.crt" if has_cert_file else None
     if proxy:
         return EngineTarget(host, address, deployment, "https", proxy_port, key, ca, host)
@@ -246,13 +250,15 @@ def prometheus_yml(plan: Plan, m: MonitorSettings) -> str:
         json.dumps(conf, indent=2, sort_keys=True) + "\n"
 
 
-def alertmanager_yml() -> str:
+def alertmanager_yml(receiver: dict | None = None) -> str:
+    """alertmanager.yml; ``receiver``: the one receiver with the integrations of
+    ``alert_receivers`` (gpuserve.receivers.alertmanager_receiver), else one without any."""
     conf = {
         "route": {"receiver": "gpuserve", "group_by": ["alertname", "host", "deployment"],
                   "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h"},
-        "receivers": [{"name": "gpuserve"}],
+        "receivers": [receiver or {"name": "gpuserve"}],
     }
-    return "# Managed by gpuserve (pyinfra): add receivers in docs/monitoring.md's way\n" + \
+    return "# Managed by gpuserve (pyinfra): receivers from alert_receivers (docs/monitoring.md)\n" + \
         json.dumps(conf, indent=2, sort_keys=True) + "\n"
 
 
@@ -293,9 +299,17 @@ def recording_rules() -> list[dict]:
     ]
 
 
+RUNBOOKS = "docs/runbooks.md"   # one section per alert (tests/unit/test_runbooks.py)
+
+
+def runbook_url(alert: str) -> str:
+    """The alert's section of docs/runbooks.md (a heading's anchor: its name in lower case)."""
+    return f"{RUNBOOKS}#{alert.lower()}"
+
+
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, **extra: str) -> dict:
     rule = {"alert": name, "expr": expr, "labels": {"severity": severity},
-            "annotations": {"summary": summary, **extra}}
+            "annotations": {"summary": summary, "runbook_url": runbook_url(name), **extra}}
     if for_ != "0s":
         rule["for"] = for_
     return rule
@@ -400,7 +414,7 @@ def plan_targets(hosts: Mapping[str, object], addresses: Mapping[str, str]) -> P
         for d in s.deployments:
             t = engine_target(name, address, d.name, proxy=s.proxy, trusted_network=s.trusted_network,
                               proxy_port=d.proxy_port, serve_host=d.serve_host,
-                              serve_port=d.serve_port, has_operator_key=bool(d.operator_keys_file),
+                              serve_port=d.serve_port, has_scrape_key=bool(d.scrape_keys_file),
                               has_cert_file=cert)
             if isinstance(t, str):
                 skipped.append(t)

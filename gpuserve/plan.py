@@ -128,7 +128,8 @@ def _json(p: HostPlan, profile: bool) -> dict[str, Any]:
             for name, sc in configs.items()
         },
         # which control-node file goes where on the host (null: made on the host), never contents
-        "secrets": [{"deployment": x.deployment, "kind": x.kind, "source": x.source, "dest": x.dest}
+        "secrets": [{"deployment": x.deployment, "kind": x.kind,
+                     "source": None if x.source is None else str(x.source), "dest": x.dest}
                     for x in p.secrets],
         "warnings": list(s.warnings),
     }

@@ -6,14 +6,18 @@ Who may reach what (docs/configuration.md, "Proxy"):
 - the CLIENT_ROUTES (the inference API vLLM documents for clients) need a client key or an
   operator key;
 - the MONITOR_ROUTES (read-only: metrics, version, load) need an operator key
-  (``operator_keys_file``) or a peer address in ``proxy_operator_networks``;
+  (``operator_keys_file``), a scrape key (``scrape_keys_file``: the monitor's credential, which
+  opens these routes and nothing else) or a peer address in ``proxy_operator_networks``;
 - every other path, including inference outside the client API (/invocations) and routes a
   future engine adds, is an operator route: it needs an operator key, from any address. A peer
   in the operator networks (loopback by default: every local user) gets no inference and no
-  control without a key. A client key gets 403, no key 401.
+  control without a key. A client key or a scrape key gets 403, no key 401.
+- a front with ``admin_routes=False`` (the gateway's, docs/gateway.md) has no operator routes at
+  all: smg's admin API (/workers, ...) answers on the gateway's loopback only, and every path but
+  /health and the client routes gets 403 whatever the key.
 
 Keys are matched exactly and case-sensitively (an nginx ``map`` compares plain strings without
-regard to case; a ``~`` regex is case-sensitive). Each key maps to a short id (c1, c2, o1, ...):
+regard to case; a ``~`` regex is case-sensitive). Each key maps to a short id (c1, o1, s1, ...):
 the rate and connection limits count per client id (operator keys are exempt), and the access
 log writes the id, never the key, and never the query string.
 """
@@ -64,6 +68,8 @@ class ProxyLimits:
     conn_per_key: int = 32          # requests in flight per key
     conn_per_address: int = 64      # connections per client address (keys or not)
     client_timeout_s: int = 10      # header read (whole), body read (between reads), send, idle
+    prompt_conn_per_key: int = 8    # prompt requests in flight per client key (its fair share)
+    max_messages: int = 2048        # messages (input items, prompts) per prompt request
 
 
 def check_key(key: str) -> None:
@@ -105,10 +111,69 @@ def host_port(host: str, port: int) -> str:
     return f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# The prompt routes' cost limit (issue 26: 8 chats of 120,000 one-character messages, each
+# answered 400, stalled every other client for seconds while the engine templated and tokenized
+# them). nginx's njs module (Debian: libnginx-mod-http-js) reads the body (in memory:
+# client_body_buffer_size is the route's body limit) and counts its messages before the engine
+# sees it. N items of a JSON array need N-1 commas, so a body with fewer commas than the limit is
+# passed unparsed; only a larger one is parsed (JSON.parse: about 80 ms for 4 MB, bounded by the
+# body limit); past the limit: 413. Then the request goes on,
+# body and all, to the location that proxies it (an internal redirect).
+LIMITS_JS = f"{NGINX_DIR}/limits.js"
+NJS_PACKAGE = "libnginx-mod-http-js"
+LIMITS_JS_TEXT = """\
+// Managed by gpuserve (pyinfra): the prompt routes' message limit (gpuserve/proxy_conf.py)
+function commas_over(body, max) {
+    var n = 0, at = body.indexOf(',');
+    while (at >= 0) {
+        n += 1;
+        if (n >= max) {
+            return true;
+        }
+        at = body.indexOf(',', at + 1);
+    }
+    return false;
+}
+
+function items(j) {
+    var n = 0;
+    ['messages', 'input', 'prompt'].forEach(function (k) {
+        if (Array.isArray(j[k]) && j[k].length > n) {
+            n = j[k].length;
+        }
+    });
+    return n;
+}
+
+function prompt(r) {
+    var max = Number(r.variables.gpuserve_max_messages);
+    var body = r.requestText;
+    if (body && commas_over(body, max)) {
+        var n = 0;
+        try {
+            n = items(JSON.parse(body));
+        } catch (e) {
+            n = 0;   // not JSON: the engine answers that
+        }
+        if (n > max) {
+            r.headersOut['Content-Type'] = 'application/json';
+            r.return(413, '{"error": "' + n + ' messages in one request; at most ' + max +
+                     ' (proxy_max_messages)"}\\n');
+            return;
+        }
+    }
+    r.internalRedirect(r.variables.gpuserve_prompt_location);
+}
+
+export default {prompt};
+"""
+
+
 def common_conf() -> str:
     """http-level settings shared by every deployment (COMMON_CONF)."""
     return (
         "# Managed by gpuserve (pyinfra): settings of every gpuserve front\n"
+        f"js_import gpuserve_limits from {LIMITS_JS};\n"
         "map_hash_bucket_size 256;\n"
         "server_tokens off;\n"
         "# no query string (it may carry a credential) and no key: the key's id is logged instead\n"
@@ -133,12 +198,14 @@ def tls_conf(cert: str, key: str) -> str:
 def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence[str],
                 engine_host: str, engine_port: int, drain_flag: str, read_timeout_s: int,
                 operator_networks: Sequence[str], limits: ProxyLimits,
-                gateways: Sequence[str] = ()) -> str:
+                gateways: Sequence[str] = (), admin_routes: bool = True, tenants_http: str = "",
+                tenants_server: str = "") -> str:
     """The front of one deployment (conf.d/gpuserve-<deployment>.conf). With ``gateways`` (the
     addresses of the fleet's gateways, docs/gateway.md) the client routes answer only them and
     operator keys: the client's key was checked once, at the gateway; from anywhere else a
     client key gets 403. The per-address limit does not count the gateways (they carry the
-    whole fleet's traffic)."""
+    whole fleet's traffic). ``admin_routes=False``: no route but /health and the client routes
+    is proxied, for any key (the gateway's front: smg's admin API stays on its loopback)."""
     v = var(deployment)
     lim = limits
     t = lim.client_timeout_s
@@ -162,24 +229,33 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         "}\n",
         "# the monitoring routes: 0: allowed; 401: no (known) key; 403: a client key\n",
         f"map \"${v}_key:${v}_opnet\" ${v}_monitor {{\n",
-        "    ~^o 0;\n",
+        "    ~^[os] 0;\n",
         "    ~:1$ 0;\n",
         "    ~^c 403;\n",
         "    default 401;\n",
         "}\n",
-        "# every other route: an operator key, whatever the peer's address\n",
+        "# every other route: an operator key, whatever the peer's address (a scrape key: 403)\n",
         f"map ${v}_key ${v}_operator {{\n",
         "    ~^o 0;\n",
-        "    ~^c 403;\n",
+        "    ~^[cs] 403;\n",
         "    default 401;\n",
         "}\n",
-        "# the per-key limits count client keys (by id); operator keys (scrapers, tools) are exempt\n",
+        "# the client routes: a client or operator key (a scrape key opens no inference)\n",
+        f"map ${v}_key ${v}_inference {{\n",
+        "    ~^[co] 0;\n",
+        "    ~^s 403;\n",
+        "    default 401;\n",
+        "}\n",
+        "# the per-key limits count client keys (by id); operator keys (scrapers, tools) are exempt;\n",
+        "# a tenant's keys (c-<tenant>-n) count in their tenant's zones (gpuserve/tenants.py)\n",
         f"map ${v}_key ${v}_client {{\n",
-        f"    ~^c ${v}_key;\n",
+        f"    ~^c[0-9] ${v}_key;\n",
         "    default \"\";\n",
         "}\n",
         f"limit_req_zone ${v}_client zone={v}_rate:1m rate={lim.rate_per_key}r/s;\n",
         f"limit_conn_zone ${v}_client zone={v}_conn:1m;\n",
+        f"limit_conn_zone ${v}_client zone={v}_pconn:1m;\n",
+        tenants_http,
         *(_gateway_maps(v, gateways) if gateways else
           [f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n"]),
         "\n",
@@ -212,6 +288,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         f"    limit_conn {v}_addr {lim.conn_per_address};\n",
         f"    limit_conn {v}_conn {lim.conn_per_key};\n",
         f"    limit_req zone={v}_rate burst={lim.burst_per_key} nodelay;\n",
+        tenants_server,
         "    limit_req_status 429;\n",
         "    limit_conn_status 429;\n",
         "    proxy_http_version 1.1;\n",
@@ -229,22 +306,45 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         f"        proxy_pass http://{v}_engine/health;\n",
         "    }\n",
     ]
+    out += [
+        "\n",
+        "    # the prompt routes' requests, once limits.js counted their messages\n",
+        f"    location @{v}_prompt {{\n",
+        *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
+        f"        proxy_pass http://{v}_engine;\n",
+        "        proxy_buffering off;\n",
+        f"        proxy_read_timeout {read_timeout_s}s;\n",
+        "    }\n",
+    ]
     for location, body in CLIENT_ROUTES:
         size = lim.prompt_body_kib if body == "prompt" else lim.body_kib
         out += [
             "\n",
             f"    location {location} {{\n",
             *(_gateway_only(v) if gateways else [
-                f"        if (${v}_key = \"\") {{\n",
+                f"        if (${v}_inference = 401) {{\n",
                 "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
+                "        }\n",
+                f"        if (${v}_inference = 403) {{\n",
+                "            return 403 \"{\\\"error\\\": \\\"a scrape key reaches the monitoring routes only\\\"}\\n\";\n",
                 "        }\n"]),
             f"        client_max_body_size {size}k;\n",
-            *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
-            f"        proxy_pass http://{v}_engine;\n",
-            "        proxy_buffering off;\n",
-            f"        proxy_read_timeout {read_timeout_s}s;\n",
+            *(_prompt_block(v, size, lim) if body == "prompt" else [
+                *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
+                f"        proxy_pass http://{v}_engine;\n",
+                "        proxy_buffering off;\n",
+                f"        proxy_read_timeout {read_timeout_s}s;\n"]),
             "    }\n",
         ]
+    if not admin_routes:
+        return "".join(out + [
+            "\n",
+            "    # no operator route on this front, whatever the key: the admin API answers on this\n",
+            "    # host's loopback only (docs/gateway.md, \"Operator rights\")\n",
+            "    location / {\n",
+            "        return 403 \"{\\\"error\\\": \\\"not a client route; the admin API is on the host's loopback only\\\"}\\n\";\n",
+            "    }\n",
+            "}\n"])
     for location in MONITOR_ROUTES:
         out += ["\n", f"    location {location} {{\n",
                 *_operator_block(v, f"{v}_monitor", deployment, read_timeout_s)]
@@ -255,6 +355,18 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
             *_operator_block(v, f"{v}_operator", deployment, read_timeout_s),
             "}\n"]
     return "".join(out)
+
+
+def _prompt_block(v: str, size_kib: int, lim: ProxyLimits) -> list[str]:
+    """A prompt route: the key's fair share of requests in flight, then limits.js counts the
+    messages (the body in memory) and hands the request to @<v>_prompt."""
+    return [
+        f"        limit_conn {v}_pconn {lim.prompt_conn_per_key};\n",
+        f"        client_body_buffer_size {size_kib}k;\n",
+        f"        set $gpuserve_max_messages {lim.max_messages};\n",
+        f"        set $gpuserve_prompt_location @{v}_prompt;\n",
+        "        js_content gpuserve_limits.prompt;\n",
+    ]
 
 
 def _operator_block(v: str, verdict: str, deployment: str, read_timeout_s: int) -> list[str]:
@@ -313,6 +425,16 @@ def _headers(indent: str, auth: str | None = None) -> list[str]:
     return [f"{indent}{line}\n" for line in lines]
 
 
+# systemd's unit syntax: $$ is a literal $ (the shell's), no % specifier, no single quote
+_CLEAR_LEFTOVERS = (
+    "cg=/sys/fs/cgroup$$(sed -n s/^0:://p /proc/self/cgroup); "
+    "for p in $$(cat $$cg/cgroup.procs); do "
+    "[ \"$$(cat /proc/$$p/comm 2>/dev/null)\" = nginx ] || continue; "
+    "kill -KILL $$p && echo gpuserve: killed nginx process $$p left over in the cgroup of nginx.service; "
+    "for i in $$(seq 50); do grep -qs ^State:.Z /proc/$$p/status || [ ! -e /proc/$$p ] && break; "
+    "sleep 0.1; done; "
+    "done; exit 0"
+)
 NGINX_DROPIN = """\
 # Managed by gpuserve (pyinfra): nginx comes back after a crash (Debian's unit has Restart=no),
 # and runs confined. The master (root) reads the keys, binds, and starts workers as www-data.
@@ -323,6 +445,12 @@ StartLimitBurst=20
 [Service]
 Restart=on-failure
 RestartSec=2
+# After kill -9 of the master, systemd kills the workers left in the unit's cgroup. Where that
+# fails (it stops at the first process it cannot see, one of another PID namespace sharing the
+# cgroup: "Failed to kill control group ... Input/output error"), the orphaned workers kept the
+# port and kept serving, and every restart failed to bind (issue 26). Before each start, every
+# nginx process still in this unit's cgroup is killed, and the start waits until it is gone.
+ExecStartPre=/bin/sh -c '%s'
 CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL CAP_DAC_OVERRIDE
 NoNewPrivileges=yes
 PrivateTmp=yes
@@ -349,4 +477,4 @@ SystemCallFilter=@system-service
 SystemCallFilter=~@resources @mount @debug @cpu-emulation @obsolete
 SystemCallErrorNumber=EPERM
 UMask=0027
-"""
+""" % _CLEAR_LEFTOVERS

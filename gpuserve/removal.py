@@ -48,12 +48,14 @@ HOST_PATHS = (
     proxy_conf.OLD_COMMON_CONF,
     proxy_conf.NGINX_DIR,                 # TLS pair, keys, drain flags
     layout.NGINX_DROPIN_PATH,
+    layout.NGINX_CREDENTIALS_DROPIN,      # decrypts nginx's keys at start (issue 29): before OPT_DIR's script goes
     layout.ETC_DIR,                       # ledgers, secrets
     layout.OPT_DIR,                       # engine envs, uv, wheels, the readiness gate
     layout.SERVICE_HOME,
     layout.ROLLOUT_LOCK_DIR,              # the rollout lock (gpuserve.rollout.LOCK_FILE)
     layout.ENGINE_LOG_DIR,                # engine build logs (gpuserve.engine.LOG_DIR)
     layout.DOWNLOADS_DIR,                 # GPU-stack downloads
+    layout.RUN_DIR,                       # decrypted credentials (tmpfs)
     # --- the fleet tier: the GPU stack's record, the exporters' front, a gateway, a monitor ---
     layout.STACK_STATE_DIR,               # GPU stack record and move markers (stack and patch)
     layout.EXPORTERS_CONF,                # gpuserve.layers.monitoring.EXPORTERS_CONF
@@ -129,7 +131,7 @@ def services() -> tuple[str, ...]:
 
 
 def is_nginx_path(path: str) -> bool:
-    return path.startswith((layout.NGINX_ETC_DIR + "/", layout.NGINX_DROPIN_PATH))
+    return path.startswith((layout.NGINX_ETC_DIR + "/", layout.NGINX_DROPIN_PATH, layout.NGINX_CREDENTIALS_DROPIN))
 
 
 def is_unit_path(path: str) -> bool:

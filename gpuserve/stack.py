@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from gpuserve import admission, layout, schema
 from gpuserve.hardware import GPU_MODELS, GpuInfo
-from gpuserve.values import url_problem
+from gpuserve.values import base_url_problem, url_problem
 
 
 class StackError(Exception):
@@ -124,7 +124,7 @@ def _int(data: Mapping, key: str, low: int | None = None, high: int | None = Non
 
 def _url(data: Mapping, key: str) -> str:
     value = data.get(key, DEFAULTS[key])
-    why = url_problem(value)
+    why = url_problem(value) or base_url_problem(value)
     if why:
         raise StackConfigError(key, why)
     return value.rstrip("/")
@@ -500,6 +500,32 @@ def module_differs(loaded: str | None, installed_pkg_version: str | None) -> boo
     if installed_pkg_version is None:
         return False
     return loaded is None or not version_matches(installed_pkg_version, loaded)
+
+
+def reboot_needed(t: "StackTarget", vendor: str | None, loaded: str | None) -> str:
+    """Why moving to ``t`` must reboot the host ("" when it need not): its kernel module package
+    pins a version that is not the loaded module's. Known before anything is installed, so a
+    rollout refuses a move it could not finish before the host leaves rotation. NVIDIA only: the
+    amdgpu module's version does not follow the ROCm release it ships with."""
+    if vendor != "nvidia":
+        return ""
+    wanted = next((p.version for p in t.specs if p.name == t.module_package), None)
+    if wanted is None or (loaded is not None and version_matches(loaded, wanted)):
+        return ""
+    return f"loading kernel module {wanted} (loaded now: {loaded or 'none'})"
+
+
+FREE_SPACE_COMMAND = "df -Pk /var/cache/apt/archives /var/lib/dkms /usr 2>/dev/null || df -Pk /var /usr"
+
+
+def free_mib(df_output: str) -> int | None:
+    """The least free space (MiB) among the filesystems ``df -Pk`` listed; None when unreadable."""
+    free = []
+    for line in df_output.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 6 and parts[3].isdigit():
+            free.append(int(parts[3]) // 1024)
+    return min(free) if free else None
 
 
 def reboot_refused_message(host: str, what: str, installed: str, loaded: str | None) -> str:

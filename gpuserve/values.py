@@ -1,5 +1,6 @@
 """Checks of single values that several settings share: URLs, host names, host paths, listen
-addresses and key files. A leaf: it imports nothing of gpuserve, so config and stack both use it.
+addresses and key files. A leaf: it imports nothing of gpuserve but secret_sources (a leaf), so
+config and stack both use it.
 
 Each ``*_problem`` returns why a value is refused (a sentence that says what is allowed), or
 None when it is fine. Secrets are never put into a message.
@@ -8,12 +9,17 @@ None when it is fine. Secrets are never put into a message.
 from __future__ import annotations
 
 import ipaddress
+import math
 import posixpath
 import re
 import stat
+import unicodedata
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+from gpuserve import secret_sources
+from gpuserve.secret_sources import SecretCommand
 
 # A host path gpuserve writes into or names in a unit: plain characters only (an env file or
 # ReadWritePaths= splits on spaces), normalized (no '..'), and not a system directory.
@@ -102,13 +108,28 @@ def key_file_problem(path: Path) -> str | None:
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         return (f"{path} is readable by others (mode {stat.S_IMODE(mode):04o}); "
                 f"`chmod 600 {path}`")
+    return keys_text_problem(text, str(path))
+
+
+def key_command_problem(source: SecretCommand) -> str | None:
+    """Why the keys a ``*_command`` prints must not be used (None when they may): it fails,
+    prints no key, or a key short enough to guess. Runs it (once per process: secret_sources)."""
+    try:
+        text = secret_sources.read_text(source)
+    except secret_sources.SecretSourceError as exc:
+        return str(exc)
+    return keys_text_problem(text, str(source))
+
+
+def keys_text_problem(text: str, where: str) -> str | None:
+    """Why these keys (one per line) must not be used; ``where`` names their source."""
     keys = [line.strip() for line in text.splitlines()
             if line.strip() and not line.strip().startswith("#")]
     if not keys:
-        return f"{path} holds no key (one key per line; blank lines and # comments are ignored)"
+        return f"{where} holds no key (one key per line; blank lines and # comments are ignored)"
     short = [i for i, k in enumerate(keys, 1) if len(k) < MIN_KEY_LENGTH]
     if short:
-        return (f"{path}: key {', '.join(map(str, short))} (counting keys, not lines) is shorter "
+        return (f"{where}: key {', '.join(map(str, short))} (counting keys, not lines) is shorter "
                 f"than {MIN_KEY_LENGTH} characters; use random keys, e.g. `openssl rand -hex 32`")
     return None
 
@@ -172,3 +193,145 @@ def is_loopback(value: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped   # ::ffff:127.0.0.1 is 127.0.0.1
     return ip.is_loopback
+
+
+# --- principles every value is checked by (docs/configuration.md, "How values are checked") -----
+# Each is a rule about what a value becomes, not a list of known mistakes: a number is a quantity
+# in its key's unit, a string is a name, host, version, URL or path that other programs read.
+
+# characters nobody can see or tell apart from a space: format (zero-width, bidi overrides),
+# control, private-use, unassigned, surrogate, and every separator but the plain space
+_INVISIBLE_CATEGORIES = {"Cf", "Cc", "Co", "Cs", "Cn", "Zl", "Zp", "Zs"}
+_ALLOWED_WHITESPACE = {" ", "\t", "\n"}
+
+
+def _named(ch: str) -> str:
+    return f"U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')}"
+
+
+def text_problem(value: str, *, ascii_only: bool, multiline: bool = False) -> str | None:
+    """Why a string setting is refused (None when it is fine): it holds a character nobody sees
+    (zero-width, bidi, non-breaking space, ...), it is not in Unicode's NFKC form (full-width
+    letters, ligatures: what is shown is not what a program compares), or, where ``ascii_only``
+    (names, hosts, versions, URLs, host paths: what other programs match byte for byte), it holds
+    a non-ASCII character, such as a Cyrillic 'а' that looks like a Latin 'a'."""
+    allowed = _ALLOWED_WHITESPACE if multiline else {" "}
+    hidden = [ch for ch in value if ch not in allowed and unicodedata.category(ch) in _INVISIBLE_CATEGORIES]
+    if hidden:
+        return (f"holds a character nobody sees ({', '.join(dict.fromkeys(map(_named, hidden)))}); "
+                "type the value again by hand")
+    normal = unicodedata.normalize("NFKC", value)
+    if normal != value:
+        return f"is not in Unicode normal form (NFKC): it reads as {normal!r}; write it that way"
+    if ascii_only and not value.isascii():
+        odd = [ch for ch in value if not ch.isascii()]
+        return (f"holds {', '.join(dict.fromkeys(map(_named, odd)))}, which is not ASCII: names, "
+                "hosts, versions and URLs are matched byte for byte, and a look-alike letter "
+                "names something else")
+    return None
+
+
+def finite_problem(value: Any) -> str | None:
+    """NaN and infinity are never a setting: every comparison with NaN is false (so it passes
+    range checks), and no key means "unlimited" by a number; where a key can be unlimited it
+    says so by being unset."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return (f"{value!r} is not a finite number: NaN and infinity are never a setting (to mean "
+                "no limit, leave the key unset where it allows that)")
+    return None
+
+
+# a key's unit, from its name's suffix -> (unit name, the neighbouring unit a value is often given
+# in by mistake, how many of those make one of these)
+UNIT_SUFFIXES = {"_s": ("seconds", "milliseconds", 1000), "_kib": ("KiB", "bytes", 1024),
+                 "_mib": ("MiB", "KiB", 1024), "_gib": ("GiB", "MiB", 1024),
+                 "_ratio": ("a fraction (0.05 is 5%)", "percent", 100),
+                 "_ratio_max": ("a fraction (0.05 is 5%)", "percent", 100),
+                 "_len": ("tokens", "thousands of tokens (32 for 32K)", 1 / 1024)}
+
+
+def unit_of(key: str) -> tuple[str, str, float] | None:
+    """(unit, the unit a value is mistaken in, factor) for a key whose name carries a unit."""
+    for suffix in sorted(UNIT_SUFFIXES, key=len, reverse=True):
+        if key.endswith(suffix):
+            return UNIT_SUFFIXES[suffix]
+    return None
+
+
+def scale_hint(key: str, value: Any, lo: float, hi: float | None) -> str:
+    """For a number outside [lo, hi]: " (... did you mean X?)" when the value fits once read in
+    the unit it was probably given in (bytes for KiB, percent for a fraction, 32 for 32K tokens);
+    "" otherwise."""
+    unit = unit_of(key.rsplit(".", 1)[-1])
+    if unit is None or isinstance(value, bool) or not isinstance(value, (int, float)) or finite_problem(value):
+        return ""
+    name, mistaken, factor = unit
+    meant = value / factor
+    if meant == int(meant):
+        meant = int(meant)
+    if lo <= meant and (hi is None or meant <= hi):
+        return (f" ({key.rsplit('.', 1)[-1]} is in {name}; {value} looks like a value in {mistaken}:"
+                f" did you mean {meant}?)")
+    return ""
+
+
+# URLs gpuserve appends paths to (an index, a mirror, a hub endpoint): the URL it builds is the
+# base + "/" + a path, so a query or a fragment in the base lands in the middle of it
+def base_url_problem(value: str) -> str | None:
+    """Why ``value`` cannot be the base of the URLs gpuserve builds from it (None when it can)."""
+    parts = urlsplit(value)
+    if parts.fragment or "#" in value:
+        return (f"has a fragment ('#{parts.fragment}'): gpuserve appends paths to this URL, and "
+                "everything after '#' never reaches the server; drop it")
+    if parts.query:
+        return ("has a query ('?...'): gpuserve appends paths to this URL, which would land after "
+                "the query; use the plain base URL")
+    return None
+
+
+def pem_problems(cert_path: Path, key_path: Path | None, now: float) -> list[str]:
+    """A certificate file read as what it must be: PEM that parses, not expired (nor not yet
+    valid), and, with ``key_path``, a private key that parses and is the certificate's."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        return [f"{cert_path} is not a PEM certificate ({type(exc).__name__}: {exc})"]
+    out = []
+    start, end = cert.not_valid_before_utc.timestamp(), cert.not_valid_after_utc.timestamp()
+    if now > end:
+        out.append(f"{cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d}")
+    elif now < start:
+        out.append(f"{cert_path} is not valid before {cert.not_valid_before_utc:%Y-%m-%d}")
+    if key_path is not None:
+        try:
+            key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        except (OSError, ValueError, TypeError) as exc:
+            out.append(f"{key_path} is not an unencrypted PEM private key ({type(exc).__name__})")
+        else:
+            der = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+            if key.public_key().public_bytes(*der) != cert.public_key().public_bytes(*der):
+                out.append(f"{key_path} is not the private key of {cert_path} (their public keys "
+                           "differ)")
+    return out
+
+
+def key_lines_problem(path: Path) -> str | None:
+    """An API keys file read as one: one key per line, each a single token of printable ASCII;
+    a PEM block, an SSH key or a line with spaces is some other file given by mistake."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None   # key_file_problem says why it cannot be read
+    if "-----BEGIN" in text or re.search(r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-)", text, re.M):
+        return (f"{path} holds a PEM block or an SSH key, not API keys (one random key per line, "
+                "e.g. `openssl rand -hex 32`)")
+    bad = [i for i, line in enumerate((x.strip() for x in text.splitlines()
+                                       if x.strip() and not x.strip().startswith("#")), 1)
+           if not re.fullmatch(r"[\x21-\x7e]+", line)]
+    if bad:
+        return (f"{path}: key {', '.join(map(str, bad))} (counting keys, not lines) has spaces or "
+                "characters outside printable ASCII; one key per line")
+    return None

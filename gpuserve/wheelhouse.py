@@ -197,13 +197,16 @@ def write_manifest(path: Path, info: dict[str, Any]) -> dict[str, Any]:
 
 def build_set(dest: str | os.PathLike, package: str, version: str, python: str, torch_backend: str,
               arch: str, uv_version: str, torch_index: str | None = "pytorch",
-              extras: Iterable[str] = (), force: bool = False) -> WheelSet:
+              extras: Iterable[str] = (), force: bool = False,
+              constraints: Iterable[str] = ()) -> WheelSet:
     """Download one engine pin's wheels (and uv's) into ``dest``; a set already built is kept
     as is (``force`` rebuilds it). Built under ``<set>.partial`` and renamed when complete.
 
     ``torch_index``: "pytorch" adds PyTorch's index for the backend (torch builds such as
     2.13.0+cpu or +cu129 live there, not on PyPI); None uses only pip's own configuration
     (e.g. a find-links directory that already holds the torch wheel); else an index URL.
+    ``constraints``: the engine's (``gpuserve.engine.CONSTRAINTS``), so that the set holds the
+    wheels the host's constrained uv install picks.
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -224,10 +227,18 @@ def build_set(dest: str | os.PathLike, package: str, version: str, python: str, 
         if torch_index:
             index_args = ["--extra-index-url", torch_index]
         requirements = [f"{package}=={version}", "pip", "setuptools", "wheel", *extras]
-        _pip_download(requirements, partial, [*index_args, *target_args(python, arch)])
+        constraint_args: list[str] = []
+        constraints = list(constraints)
+        if constraints:
+            cfile = dest / f"{name}.constraints.txt"
+            cfile.write_text("".join(f"{c}\n" for c in constraints))
+            constraint_args = ["--constraint", str(cfile)]
+        _pip_download(requirements, partial,
+                      [*index_args, *constraint_args, *target_args(python, arch)])
         write_manifest(partial, {
             "set": name, "requirements": requirements, "python": python, "arch": arch,
             "torch_backend": torch_backend, "torch_index": torch_index,
+            **({"constraints": constraints} if constraints else {}),
         })
         if final.exists():
             old = dest / f"{name}.old"
@@ -314,10 +325,13 @@ def build(inventory: str | None, profile: str | None, data: tuple[str, ...], des
             if s.gateway is not None:   # smg (docs/gateway.md): no torch, PyPI's wheels only
                 wanted[(where, "smg", s.gateway.smg_version, s.python_version, "none", arch,
                         s.uv_version, None)] = s.host
+    from gpuserve.engine import default_constraints
+
     for (where, package, version, python, backend, arch, uv, index) in wanted:
         try:
             ws = build_set(where, package, version, python, backend, arch, uv,
-                           torch_index=index, extras=extras, force=force)
+                           torch_index=index, extras=extras, force=force,
+                           constraints=default_constraints(package))
         except WheelhouseError as error:
             raise click.ClickException(str(error)) from error
         click.echo(f"{ws.path}: {len(ws.wheels)} wheels, {ws.size() / 1e6:.0f} MB, "

@@ -55,6 +55,7 @@ drain_s = 2                 # the test clients poll /health every 0.2 s
 # test_hardening.py checks the limits with its own, lower ones)
 proxy_rate_per_key = 200
 proxy_burst_per_key = 400
+proxy_prompt_conn_per_key = 32   # the load loops' concurrency, as proxy_conn_per_key
 
 # Monitoring (docs/monitoring.md): the hosts share this machine's disk, far below the 100 GiB
 # a real NVMe alert threshold wants

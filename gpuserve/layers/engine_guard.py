@@ -36,3 +36,30 @@ def engine_guard_layer(settings: HostSettings) -> None:
     systemd.service(name="Engine guard loaded, and at boot", service=engine_guard.UNIT, running=True,
                     enabled=True, reloaded=rules.will_change, daemon_reload=unit.will_change,
                     _retries=2, _retry_delay=3)
+
+
+def service_guard(what: str, guard: engine_guard.Guard, table: str, rules_path: str, unit: str,
+                  dependents: tuple[str, ...] = ()) -> None:
+    """The same guard in front of another service's ports (the monitor's, the gateway's): its
+    table, its unit (loaded now and at boot), and drop-ins making ``dependents`` require it."""
+    apt.packages(name=f"nftables (nft) for the {what} guard", packages=["nftables"])
+    rules = files.put(
+        name=f"{what.capitalize()} guard ruleset: only {', '.join(guard.users)} open "
+             f"{', '.join(map(str, guard.ports))}",
+        src=StringIO(engine_guard.ruleset(guard, table)), dest=rules_path, user="root", group="root",
+        mode="644")
+    unit_file = files.put(
+        name=f"{what.capitalize()} guard unit", dest=layout.systemd_unit_path(unit),
+        src=StringIO(engine_guard.unit_text(rules_path, table, f"{what} guard: only {', '.join(guard.users)} "
+                                            f"open {', '.join(map(str, guard.ports))}")),
+        user="root", group="root", mode="644")
+    needs = [files.put(name=f"{svc} requires the {what} guard (drop-in)",
+                       src=StringIO(engine_guard.requires_dropin(unit)),
+                       dest=layout.systemd_dropin_path(svc, "gpuserve-guard.conf"),
+                       user="root", group="root", mode="644")
+             for svc in dependents]
+    systemd.service(name=f"{what.capitalize()} guard loaded, and at boot", service=unit, running=True,
+                    enabled=True, reloaded=rules.will_change,
+                    daemon_reload=unit_file.will_change or any(n.will_change for n in needs),
+                    _retries=2, _retry_delay=3)
+

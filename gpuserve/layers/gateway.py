@@ -1,6 +1,7 @@
 """Gateway layer: smg (its own pinned uv venv, a hardened unit) behind nginx on a gateway host.
 
-    nginx   gateway_bind:gateway_port   TLS, client keys, client routes only (proxy_conf.server_conf)
+    nginx   gateway_bind:gateway_port   TLS, client keys, client routes only (proxy_conf.server_conf):
+                                        no admin route for any key, operator keys included
     smg     127.0.0.1:gateway_smg_port  API and admin API; metrics on gateway_metrics_host
     files   /etc/gpuserve-gateway/workers.json, workers-ca.pem (gpuserve.gateway)
 
@@ -30,13 +31,15 @@ from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, gateway as gw, proxy_conf, wheelhouse
+from gpuserve import api_keys, engine_guard, gateway as gw, proxy_conf, wheelhouse
 from gpuserve import engine as eng
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings, host_plan
+from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.layers.engine import uv_binary
+from gpuserve.layers.engine_guard import service_guard
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
 
 NGINX_DIR = proxy_conf.NGINX_DIR
@@ -54,7 +57,10 @@ def smg_venv(version: str, python_version: str, python_downloads: str, uv: str, 
 def _keys(file: str | None, what: str, required: bool) -> list[str]:
     if file is None and not required:
         return []
-    keys = api_keys.read_api_keys(Path(file or ""))
+    try:   # a file, or the keys a command prints (gpuserve.secret_sources)
+        keys = api_keys.read_api_keys(file if isinstance(file, SecretCommand) else Path(file or ""))
+    except SecretSourceError as exc:
+        raise OperationError(f"{host.name}: {what}: {exc}") from None
     if required and not keys:
         raise OperationError(f"{host.name}: {what} {file} holds no API key")
     for k in keys:
@@ -211,6 +217,9 @@ def gateway(settings: HostSettings) -> None:
                        dest=gw.WORKERS_CA, user="root", group="root", mode="644")
     else:
         ca = None   # the first operation above wrote it (and restarted smg when it changed)
+    # smg's API (admin routes included) and metrics: only root and nginx's workers open them here
+    service_guard("gateway", engine_guard.gateway_guard((g.smg_port, g.metrics_port)),
+                  engine_guard.GATEWAY_TABLE, engine_guard.GATEWAY_RULES_PATH, engine_guard.GATEWAY_UNIT)
     venv_dir = gw.venv_dir(g.smg_version, settings.python_version)
     unit = files.put(name=f"{gw.UNIT} (smg on 127.0.0.1:{g.smg_port}, no secret)",
                      src=StringIO(gw.unit(g, venv_dir)), dest=f"/etc/systemd/system/{gw.UNIT}",
@@ -235,7 +244,8 @@ def gateway(settings: HostSettings) -> None:
 def _front(settings: HostSettings) -> None:
     """nginx on the gateway host: TLS, the clients' keys, the client routes to smg."""
     g = settings.gateway
-    apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
+    apt.packages(name=f"nginx, its njs module ({proxy_conf.NJS_PACKAGE}: the message limit) and openssl",
+                 packages=["nginx", proxy_conf.NJS_PACKAGE, "openssl"])
     default_site = files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default",
                               present=False)
     files.directory(name="Proxy configuration (0711)", path=NGINX_DIR, user="root", group="root",
@@ -243,8 +253,11 @@ def _front(settings: HostSettings) -> None:
     common = files.put(name="Proxy settings shared by the fronts", src=StringIO(proxy_conf.common_conf()),
                        dest=proxy_conf.COMMON_CONF, user="root", group="root",
                        mode="644")
+    limits_js = files.put(name="The prompt routes' message limit (njs)", src=StringIO(proxy_conf.LIMITS_JS_TEXT),
+                          dest=proxy_conf.LIMITS_JS, user="root", group="root", mode="644")
     old_common = files.file(name="No shared settings in their old place", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
+    proxy_layer.nginx_credentials()
     tls = proxy_layer.tls_files(host_plan(engine=False))
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
                          src=StringIO(proxy_conf.tls_conf(f"{NGINX_DIR}/tls.crt", f"{NGINX_DIR}/tls.key")),
@@ -258,11 +271,13 @@ def _front(settings: HostSettings) -> None:
     if set(clients) & set(operators):
         raise OperationError(f"{host.name}: a key is in both api_keys_file and operator_keys_file")
     name = gw.NGINX_NAME
-    keys = secrets_ops.secret_file(name="Gateway: client API keys (0600, not shown)",
-                                   content=proxy_conf.keys_map(clients, "c"), dest=f"{NGINX_DIR}/{name}.keys")
-    op_keys = secrets_ops.secret_file(name="Gateway: operator API keys (0600, not shown)",
-                                      content=proxy_conf.keys_map(operators, "o"),
-                                      dest=f"{NGINX_DIR}/{name}.operator-keys")
+    keys = secrets_ops.credential_file(name="Gateway: client API keys (encrypted, not shown)",
+                                       content=proxy_conf.keys_map(clients, "c"),
+                                       dest=f"{NGINX_DIR}/{name}.keys", cred_name=f"{name}.keys")
+    op_keys = secrets_ops.credential_file(name="Gateway: operator API keys (encrypted, not shown)",
+                                          content=proxy_conf.keys_map(operators, "o"),
+                                          dest=f"{NGINX_DIR}/{name}.operator-keys",
+                                          cred_name=f"{name}.operator-keys")
     # the client's key ends here: smg and the serving hosts never see it
     strip = files.put(name="Gateway: the client's key is not forwarded",
                       src=StringIO('proxy_set_header Authorization "";\n'),
@@ -274,7 +289,8 @@ def _front(settings: HostSettings) -> None:
             engine_host="127.0.0.1", engine_port=g.smg_port,
             drain_flag=f"{NGINX_DIR}/{name}.drain",   # never made: a gateway is not drained
             read_timeout_s=3600, operator_networks=settings.proxy_operator_networks,
-            limits=proxy_conf.ProxyLimits(**settings.proxy_limits))),
+            limits=proxy_conf.ProxyLimits(**settings.proxy_limits),
+            admin_routes=False)),   # smg's admin API: loopback only, for any key
         dest=gw.NGINX_CONF, user="root", group="root", mode="644")
     systemd.service(name="nginx running and enabled", service="nginx.service", running=True,
                     enabled=True)
@@ -282,6 +298,6 @@ def _front(settings: HostSettings) -> None:
                     restarted=True, _if=dropin.did_change, **proxy_layer.NGINX_RETRY)
     server.shell(name="Reload nginx (gateway keys or configuration changed)",
                  commands=["nginx -t -q", proxy_layer.RELOAD_AND_WAIT],
-                 _if=any_changed(default_site, common, old_common, tls_conf, *tls, keys, op_keys, strip,
+                 _if=any_changed(default_site, common, limits_js, old_common, tls_conf, *tls, keys, op_keys, strip,
                                  conf),
                  **proxy_layer.NGINX_RETRY)

@@ -80,8 +80,10 @@ def stack_move(settings, rollback_pins: dict | None = None) -> StackMove | None:
     if reason is None:
         return None
     serving_deps = tuple(d.name for d in settings.deployments if _state(settings, d.name).current)
+    _, loaded = gpu_ops.module_state(t.vendor, stack.target(t, os).module_package)
     return StackMove(host.name, stack.describe(t), reason, tuple(sorted(stack.pins(t).items())),
-                     serving_deps, os, rollback=rollback_pins is not None)
+                     serving_deps, os, rollback=rollback_pins is not None,
+                     reboot_needed=stack.reboot_needed(stack.target(t, os), t.vendor, loaded))
 
 
 def stack_rollback_move(settings) -> StackMove | None:

@@ -6,7 +6,8 @@ hosts' addresses (nginx ``allow``/``deny``): node-exporter on 127.0.0.1:9100, un
 and NVIDIA's DCGM exporter (:9400) under ``/dcgm/metrics`` on NVIDIA hosts with ``dcgm``.
 Prometheus (127.0.0.1:9090) and alertmanager (127.0.0.1:9093, no cluster port) stay on the
 monitor's loopback: reach them over SSH (docs/monitoring.md). The configuration comes from
-gpuserve.monitoring; operator keys prometheus scrapes the engines with are secret files
+gpuserve.monitoring; the scrape keys (monitoring routes only, never operator keys) prometheus
+scrapes the engines with are secret files
 (gpuserve.layers.secrets_ops), never in prometheus.yml.
 """
 
@@ -16,8 +17,9 @@ import ipaddress
 import shlex
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
@@ -25,9 +27,12 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, monitoring, stack
+from gpuserve import api_keys, certs, engine_guard, monitoring, proxy_conf, receivers, secret_sources, stack
 from gpuserve.config import HostSettings
+from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
+from gpuserve.layers.engine_guard import service_guard
+from gpuserve.secret_sources import SecretCommand, SecretSourceError
 
 EXPORTERS_DIR = "/etc/nginx/gpuserve-exporters"   # root 0700: its TLS key
 EXPORTERS_CONF = "/etc/nginx/conf.d/gpuserve--exporters.conf"   # no deployment has this name
@@ -79,6 +84,7 @@ def exporters_conf(networks: list[str], dcgm: bool, tls_include: str, smg_metric
         f"    listen {monitoring.NODE_EXPORTER_TLS_PORT} ssl;\n"
         f"    listen [::]:{monitoring.NODE_EXPORTER_TLS_PORT} ssl;\n"
         f"    include {tls_include};\n"
+        "    server_tokens off;\n"
         f"{allow}"
         "    deny all;\n"
         "    access_log off;\n"
@@ -103,10 +109,11 @@ def _exporters_tls() -> tuple[str, list]:
             name="Exporters' self-signed TLS certificate",
             commands=[certs.self_signed(host.name, key, crt)]))
     include = f"{EXPORTERS_DIR}/tls.conf"
+    # the one TLS profile of every gpuserve front (TLS 1.2 ECDHE+AEAD, 1.3): issue 26 found
+    # static-RSA and CBC suites offered here
     ops.append(files.put(
-        name="Exporters' TLS settings", dest=include, user="root", group="root", mode="600",
-        src=StringIO(f"# Managed by gpuserve (pyinfra)\nssl_certificate {crt};\n"
-                     f"ssl_certificate_key {key};\nssl_protocols TLSv1.2 TLSv1.3;\n")))
+        name="Exporters' TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)", dest=include, user="root",
+        group="root", mode="600", src=StringIO(proxy_conf.tls_conf(crt, key))))
     return include, ops
 
 
@@ -115,12 +122,17 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
     """prometheus-node-exporter on 127.0.0.1:9100 with the textfile directory the watchdog writes,
     behind nginx's TLS front on NODE_EXPORTER_TLS_PORT."""
     monitors = monitor_hosts(all_settings)
-    if not monitors:
+    if not monitors and not settings.monitor.external_prometheus:   # issue 29: your own Prometheus
         return
     apt.packages(name="prometheus-node-exporter, nginx, openssl",
                  packages=["prometheus-node-exporter", "nginx", "openssl"],
                  extra_install_args=NO_RECOMMENDS)
     files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default", present=False)
+    # the same confinement and crash restart as the serving hosts' and the gateway's nginx
+    dropin = files.put(name="nginx restarts on failure, confined (systemd drop-in)",
+                       src=StringIO(proxy_conf.NGINX_DROPIN), dest=proxy_layer.DROPIN, user="root",
+                       group="root", mode="644")
+    systemd.daemon_reload(name="Reload systemd units (nginx drop-in)", _if=dropin.did_change)
     defaults = files.put(
         name="node-exporter on loopback only",
         src=StringIO("# Managed by gpuserve (pyinfra): loopback only; the monitor scrapes through "
@@ -141,15 +153,44 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
                                                  monitoring.smg_metrics(settings))),
                      dest=EXPORTERS_CONF, user="root", group="root", mode="644")
     systemd.service(name="nginx running", service="nginx", running=True, enabled=True)
+    systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",
+                    restarted=True, _if=dropin.did_change, **proxy_layer.NGINX_RETRY)
     server.shell(name="Reload nginx (exporters' front)",
                  commands=["nginx -t -q", "systemctl reload nginx"], _if=any_changed(conf, *tls))
 
 
-def _first_key(path: str) -> str:
-    keys = api_keys.read_api_keys(Path(path))
+def _first_key(path: Any) -> str:
+    try:   # a file, or the keys a command prints (gpuserve.secret_sources)
+        keys = api_keys.read_api_keys(path if isinstance(path, SecretCommand) else Path(path))
+    except SecretSourceError as exc:
+        raise OperationError(f"{host.name}: {exc}") from None
     if not keys:
-        raise OperationError(f"{host.name}: operator_keys_file {path} holds no key to scrape with")
+        where = path if isinstance(path, SecretCommand) else f"scrape_keys_file {path}"
+        raise OperationError(f"{host.name}: {where} holds no key to scrape with")
     return keys[0]
+
+
+def _alertmanager_yml(m: monitoring.MonitorSettings) -> Any:
+    """alertmanager.yml with the receivers of ``alert_receivers`` (issue 29). With a secret in it
+    (a Slack URL, a PagerDuty key, an SMTP password), root:prometheus 0640, never shown; with
+    ``alertmanager_managed = False``, left alone (None)."""
+    if not m.alertmanager_managed:
+        # not host.noop: outside an operation pyinfra does not print it
+        logger.warning(f"    [{host.name}] alertmanager.yml is yours (alertmanager_managed = False): "
+                       "left alone")
+        return None
+    if not any(r.secrets for r in m.alert_receivers):
+        receiver = receivers.alertmanager_receiver(m.alert_receivers, secret_sources.read_text)
+        return files.put(name="alertmanager.yml", src=StringIO(monitoring.alertmanager_yml(receiver)),
+                         dest=monitoring.ALERTMANAGER_YML, user="root", group="root", mode="644")
+    try:
+        receiver = receivers.alertmanager_receiver(m.alert_receivers, secret_sources.read_text)
+    except (OSError, SecretSourceError) as exc:   # names the source, never a secret
+        raise OperationError(f"{host.name}: alert_receivers: {getattr(exc, 'strerror', None) or exc}") from None
+    return secrets_ops.secret_file(name="alertmanager.yml with the receivers' secrets (0640, not shown)",
+                                   content=monitoring.alertmanager_yml(receiver),
+                                   dest=monitoring.ALERTMANAGER_YML, user="root", group="prometheus",
+                                   mode="640")
 
 
 @deploy("Prometheus and alertmanager")
@@ -171,16 +212,17 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
     for t in plan.engines:
         if t.operator_key_file:
             dep = all_settings[t.host].deployment(t.deployment)
+            # a scrape key (monitoring routes only): the monitor never holds an operator key
             secrets.append(secrets_ops.secret_file(
-                name=f"Operator key to scrape {t.host} {t.deployment} (0640, not shown)",
-                content=_first_key(dep.operator_keys_file) + "\n", dest=t.operator_key_file,
+                name=f"Scrape key for {t.host} {t.deployment} (0640, not shown)",
+                content=_first_key(dep.scrape_keys_file) + "\n", dest=t.operator_key_file,
                 user="root", group="prometheus", mode="640"))
     for n in plan.nodes:
         if n.operator_key_file:
-            dep = next(d for d in all_settings[n.host].deployments if d.operator_keys_file)
+            dep = next(d for d in all_settings[n.host].deployments if d.scrape_keys_file)
             secrets.append(secrets_ops.secret_file(
-                name=f"Operator key to scrape {n.host}'s exporters (0640, not shown)",
-                content=_first_key(dep.operator_keys_file) + "\n", dest=n.operator_key_file,
+                name=f"Scrape key for {n.host}'s exporters (0640, not shown)",
+                content=_first_key(dep.scrape_keys_file) + "\n", dest=n.operator_key_file,
                 user="root", group="prometheus", mode="640"))
     cas = []
     if any(t.ca_file for t in plan.engines) or any(n.ca_file for n in plan.nodes):
@@ -205,8 +247,7 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
                      f"--storage.tsdb.path={m.storage_path} "
                      f'--storage.tsdb.retention.time={m.retention}"\n'),
         dest="/etc/default/prometheus", user="root", group="root", mode="644")
-    am_conf = files.put(name="alertmanager.yml", src=StringIO(monitoring.alertmanager_yml()),
-                        dest=monitoring.ALERTMANAGER_YML, user="root", group="root", mode="644")
+    am_conf = _alertmanager_yml(m)
     am_args = files.put(
         name="alertmanager on loopback, no cluster port",
         src=StringIO("# Managed by gpuserve (pyinfra)\n"
@@ -214,6 +255,12 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
                      f"--cluster.listen-address= "
                      f'--config.file={monitoring.ALERTMANAGER_YML}"\n'),
         dest="/etc/default/prometheus-alertmanager", user="root", group="root", mode="644")
+    # only root and Prometheus's own user open 9090 and 9093 (any local user could silence
+    # every alert: issue 26); Prometheus and alertmanager do not start without the guard
+    service_guard("monitor", engine_guard.monitor_guard((monitoring.PROMETHEUS_PORT,
+                                                         monitoring.ALERTMANAGER_PORT)),
+                  engine_guard.MONITOR_TABLE, engine_guard.MONITOR_RULES_PATH, engine_guard.MONITOR_UNIT,
+                  dependents=("prometheus", "prometheus-alertmanager"))
     server.shell(name="promtool checks the configuration",
                  commands=[f"promtool check config {shlex.quote(monitoring.PROMETHEUS_YML)} >/dev/null"],
                  _if=any_changed(rules, conf, *secrets, *cas))
@@ -229,4 +276,4 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
                     enabled=True)
     systemd.service(name="alertmanager restarted (its configuration changed)",
                     service="prometheus-alertmanager", restarted=True,
-                    _if=any_changed(am_args, am_conf))
+                    _if=any_changed(am_args, *([am_conf] if am_conf else [])))

@@ -11,6 +11,7 @@ with files.put (its --diff would print it): gpuserve/layers/secrets_ops.py.
 
 from __future__ import annotations
 
+import posixpath
 from io import StringIO
 from pathlib import Path
 
@@ -21,11 +22,12 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, gateway, layout, proxy_conf, rollout
+from gpuserve import api_keys, certs, gateway, layout, proxy_conf, rollout, secret_sources, tenants
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan, SecretInstall
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings
+from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.values import is_host
 
 NGINX_DIR = proxy_conf.NGINX_DIR
@@ -50,6 +52,24 @@ def conf_path(deployment: str) -> str:
 
 
 DROPIN = layout.NGINX_DROPIN_PATH
+# issue 29: nginx's keys are systemd credentials at rest, decrypted into /run before it starts
+CREDENTIALS_DROPIN = layout.NGINX_CREDENTIALS_DROPIN
+NGINX_TEST = "/usr/sbin/nginx -t -q -g 'daemon on; master_process on;'"   # Debian's ExecStartPre=
+
+
+def nginx_credentials() -> None:
+    """What decrypts nginx's credentials (gpuserve.layers.secrets_ops.credential_file) when it
+    starts: the script and nginx's drop-in that runs it. No restart: a running nginx already
+    reads the /run copies the converge writes."""
+    files.directory(name="gpuserve tools", path=posixpath.dirname(secrets_ops.CREDENTIALS_BIN),
+                    user="root", group="root", mode="755")
+    files.put(name="Credentials decrypted into /run before a service starts",
+              src=StringIO(secrets_ops.CREDENTIALS_SCRIPT), dest=secrets_ops.CREDENTIALS_BIN,
+              user="root", group="root", mode="755")
+    dropin = files.put(name="nginx decrypts its credentials when it starts (systemd drop-in)",
+                       src=StringIO(secrets_ops.credentials_dropin(NGINX_DIR, NGINX_TEST)),
+                       dest=CREDENTIALS_DROPIN, user="root", group="root", mode="644")
+    systemd.daemon_reload(name="Reload systemd units (nginx credentials drop-in)", _if=dropin.did_change)
 # nginx's restart and reload are tried up to twice more, 3 s apart, before the host fails: in
 # one CI run under load, a fresh host's restart and the other host's reload failed, and the
 # module's 8 tests passed here on the same code. The cause is unknown (CI kept only pyinfra's
@@ -71,11 +91,17 @@ def _read_keys(secret: SecretInstall, required: bool) -> list[str]:
     name, key, file = secret.deployment, secret.setting, secret.source
     if file is None and not required:
         return []
-    path = Path(file or "")
-    if file is None or not path.is_file():
-        raise OperationError(f"{host.name}: deployments.{name}.{key} {file} is missing on this "
-                             "control node; the proxy lets no client in without one")
-    keys = api_keys.read_api_keys(path)
+    if isinstance(file, SecretCommand):   # issue 29: the keys a command prints, held in memory
+        key, path = file.setting, file
+    else:
+        path = Path(file or "")
+        if file is None or not path.is_file():
+            raise OperationError(f"{host.name}: deployments.{name}.{key} {file} is missing on this "
+                                 "control node; the proxy lets no client in without one")
+    try:
+        keys = api_keys.read_api_keys(path)
+    except SecretSourceError as exc:
+        raise OperationError(f"{host.name}: deployments.{name}.{key}: {exc}") from None
     if required and not keys:
         raise OperationError(f"{host.name}: deployments.{name}.{key} {path} holds no API key")
     for k in keys:
@@ -84,6 +110,21 @@ def _read_keys(secret: SecretInstall, required: bool) -> list[str]:
         except ValueError as exc:   # never the key itself in the message
             raise OperationError(f"{host.name}: deployments.{name}.{key} {path}: {exc}") from None
     return keys
+
+
+def _tenant_keys(dep, taken: set[str]) -> list[tuple[tenants.Tenant, list[str]]]:
+    """Each tenant of ``dep`` with its keys, read from its source; a key in two places fails
+    (it would count in one tenant's zones only)."""
+    out = []
+    for t in dep.tenants:
+        what = SecretInstall(dep.name, "client-keys", t.keys, "", f"tenants.{t.name}.keys_file")
+        keys = _read_keys(what, required=True)
+        if taken & set(keys):
+            raise OperationError(f"{host.name}: deployments.{dep.name}: tenant {t.name} has a key that "
+                                 "is also in api_keys_file, operator_keys_file, scrape_keys_file or another tenant")
+        taken |= set(keys)
+        out.append((t, keys))
+    return out
 
 
 def server_names(settings: HostSettings) -> list[str]:
@@ -107,7 +148,8 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     settings = plan.settings
     if not settings.proxy:
         return
-    apt.packages(name="nginx and openssl", packages=["nginx", "openssl"])
+    apt.packages(name=f"nginx, its njs module ({proxy_conf.NJS_PACKAGE}: the message limit) and openssl",
+                 packages=["nginx", proxy_conf.NJS_PACKAGE, "openssl"])
     default_site = files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE,
                               present=False)
     # 0711: nginx's workers (www-data) only stat the drain flag here by name; they cannot list
@@ -119,9 +161,12 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                        src=StringIO(proxy_conf.common_conf()),
                        dest=proxy_conf.COMMON_CONF, user="root", group="root",
                        mode="644")
+    limits_js = files.put(name="The prompt routes' message limit (njs)", src=StringIO(proxy_conf.LIMITS_JS_TEXT),
+                          dest=proxy_conf.LIMITS_JS, user="root", group="root", mode="644")
     old_common = files.file(name="No shared settings in their old place (they defined the log format "
                                  "after a site that sorts first)", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
+    nginx_credentials()
     tls = tls_files(plan)
     gateways = gateway.addresses(all_settings())   # docs/gateway.md: only they reach the client routes
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
@@ -131,22 +176,40 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                        src=StringIO(proxy_conf.NGINX_DROPIN), dest=DROPIN, user="root", group="root",
                        mode="644")
     systemd.daemon_reload(name="Reload systemd units (nginx drop-in)", _if=dropin.did_change)
-    changed = [default_site, common, old_common, tls_conf, *tls]
+    changed = [default_site, common, limits_js, old_common, tls_conf, *tls]
     limits = proxy_conf.ProxyLimits(**settings.proxy_limits)
     for dep in settings.deployments:
         client_secret = plan.secret(dep.name, "client-keys")
         operator_secret = plan.secret(dep.name, "operator-keys")
         clients = _read_keys(client_secret, required=True)
         operators = _read_keys(operator_secret, required=False)
+        # the monitor's keys (monitoring routes only) go in the operator file with ids s1, s2, ...
+        scrapers = _read_keys(SecretInstall(dep.name, "scrape-keys", dep.scrape_keys_file, "",
+                                            "scrape_keys_file"), required=False)
         if set(clients) & set(operators):
             raise OperationError(f"{host.name}: deployments.{dep.name}: a key is in both api_keys_file "
                                  "and operator_keys_file; an operator key must be a separate key")
-        keys = secrets_ops.secret_file(name=f"{dep.name}: client API keys (0600, not shown)",
-                                       content=keys_map(clients, "c"), dest=client_secret.dest)
-        op_keys = secrets_ops.secret_file(name=f"{dep.name}: operator API keys (0600, not shown)",
-                                          content=keys_map(operators, "o"), dest=operator_secret.dest)
+        if set(scrapers) & (set(clients) | set(operators)):
+            raise OperationError(f"{host.name}: deployments.{dep.name}: a key of scrape_keys_file is "
+                                 "also in api_keys_file or operator_keys_file; a scrape key must be "
+                                 "a separate key")
+        groups = _tenant_keys(dep, set(clients) | set(operators) | set(scrapers))   # issue 29: their own limits
+        keys = secrets_ops.credential_file(name=f"{dep.name}: client API keys (encrypted, not shown)",
+                                           content=keys_map(clients, "c") + "".join(
+                                               tenants.keys_map(t.name, k) for t, k in groups),
+                                           dest=client_secret.dest,
+                                           cred_name=f"{dep.name}.keys")
+        op_keys = secrets_ops.credential_file(name=f"{dep.name}: operator and scrape keys (encrypted, not shown)",
+                                              content=keys_map(operators, "o") + keys_map(scrapers, "s"),
+                                              dest=operator_secret.dest, cred_name=f"{dep.name}.operator-keys")
         upstream = f"{NGINX_DIR}/{dep.name}.upstream-auth"
-        if not host.get_fact(secrets_ops.MatchesInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
+        if plan.secret(dep.name, "engine-key") is None:
+            # the engine takes no key (SGLang): it serves keyless on loopback behind the engine
+            # guard, and the proxy, which checked the client's key, sends none upstream
+            changed.append(files.put(name=f"{dep.name}: no engine key for the proxy (the engine takes none)",
+                                     src=StringIO("# the engine takes no key (gpuserve)\n"), dest=upstream,
+                                     user="root", group="root", mode="600"))
+        elif not host.get_fact(secrets_ops.MatchesInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
             # from the engine key the service layer made on this host; it never leaves the host
             changed.append(server.shell(
                 name=f"{dep.name}: the engine's key for the proxy (0600)",
@@ -162,7 +225,8 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                 engine_port=dep.serve_port, drain_flag=rollout.drain_flag(dep.name),
                 read_timeout_s=max(600, dep.ready_timeout_s),
                 operator_networks=settings.proxy_operator_networks, limits=limits,
-                gateways=gateways)),
+                gateways=gateways, tenants_http=tenants.http_conf(dep.name, dep.tenants),
+                tenants_server=tenants.server_conf(dep.name, dep.tenants))),
             dest=conf_path(dep.name), user="root", group="root", mode="644")
         changed += [keys, op_keys, conf]
     # a crashed nginx (kill -9 of the master) is restarted by its drop-in; a stopped one here
@@ -186,8 +250,9 @@ def tls_files(plan: HostPlan) -> list:
         return [
             files.put(name="TLS certificate", src=settings.proxy_tls_cert_file, dest=crt,
                       user="root", group="root", mode="644"),
-            secrets_ops.secret_file(name="TLS key (0600, not shown)",
-                                    content=Path(tls_key.source).read_text(), dest=tls_key.dest),
+            secrets_ops.credential_file(name="TLS key (encrypted, not shown)",
+                                        content=secret_sources.read_text(tls_key.source), dest=tls_key.dest,
+                                        cred_name="tls.key"),
         ]
     if host.get_fact(File, path=key) is not None:
         return []

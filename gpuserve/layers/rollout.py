@@ -11,13 +11,15 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import sys
 import time
 import uuid
 
 import gevent
 from pyinfra import host, logger
-from pyinfra.api.exceptions import OperationError
-from pyinfra.context import ctx_state
+from pyinfra.api.exceptions import OperationError, PyinfraError
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import python
 
 from gpuserve import layout, patch, rollout
@@ -69,11 +71,16 @@ def _roll(state, host, kind: str) -> bool:
     serving = [n for n in order if settings[n].serves] or order
     max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(serving)) for n in serving),
                           default=1)
-    if kind == "upgrade":   # the first batch is the canary (docs/monitoring.md, "Canary")
-        canaries = min((settings[n].monitor.canary_hosts for n in serving), default=1)
-        # never more hosts out than max_unavailable, the canary included
-        plan = rollout.canary_batches(moves, order, max_unavailable, min(canaries, max_unavailable))
-        why = canary_bake.refusal(settings, plan[0]) if plan else None
+    skipped = _skipped_hosts(state, kind, settings)
+    if skipped is None:
+        return False
+    canaries = 1
+    if kind == "upgrade":   # the first batches are the canaries (docs/monitoring.md, "Canary")
+        per_kind = min((settings[n].monitor.canary_hosts for n in serving), default=1)
+        # one canary (or canary_hosts) per hardware kind; never more hosts out than max_unavailable
+        plan, canaries = rollout.canary_plan(moves, order, max_unavailable, min(per_kind, max_unavailable),
+                                             kind_of={n: hardware_kind(settings[n]) for n in order})
+        why = next((w for b in plan[:canaries] if (w := canary_bake.refusal(settings, b))), None)
         if why:
             logger.error(f"--> {why}")
             return False
@@ -81,6 +88,12 @@ def _roll(state, host, kind: str) -> bool:
         plan = patch.batches(moves, order, max_unavailable)
     else:
         plan = rollout.batches(moves, order, max_unavailable)
+    stranding = rollout.reboot_refusals(moves, {n: settings[n].stack.reboot_allowed for n in order})
+    if stranding:
+        logger.error(f"--> {kind} refused before any host left rotation: " + "; ".join(stranding)
+                     + ". Allow it with `reboot: allowed` (or --data reboot=allowed), or reboot those "
+                     "hosts yourself in a maintenance window")
+        return False
     hosts = _hosts_in_order(state)
     me = _holder(kind)
     taken: list = []
@@ -91,7 +104,7 @@ def _roll(state, host, kind: str) -> bool:
         # stale limit: several deployments, each a stop and a gate of up to ready_timeout_s)
         stale = min(settings[h.name].rollout_lock_stale_s for h in hosts)
         refresher = gevent.spawn(_keep_fresh, taken, me, max(5.0, min(stale / 4, 300.0)))
-        _roll_batches(state, kind, plan, settings, beat=lambda: _beat(taken, me))
+        _roll_batches(state, kind, plan, settings, beat=lambda: _beat(taken, me), canaries=canaries)
     except OperationError as exc:
         logger.error(f"--> {exc}")
         return False
@@ -99,7 +112,85 @@ def _roll(state, host, kind: str) -> bool:
         if refresher is not None:
             refresher.kill()
         _unlock(taken, me)
+    if skipped:
+        logger.error(f"--> {rollout.skipped_message(kind, skipped)}")
+        return False
     return True
+
+
+def hardware_kind(s: HostSettings) -> str:
+    """What a canary stands for: the recipe, and the GPUs it runs on (a recipe can serve more than
+    one GPU model; a release that works on one can fail on another)."""
+    return f"{s.recipe} on {s.hardware.gpu_count}x {s.hardware.gpu_model}"
+
+
+def _skipped_hosts(state, kind: str, settings: dict[str, HostSettings]) -> list[str] | None:
+    """The hosts of this run that are unreachable or failed to prepare, when the rollout may go on
+    without them (max_fail_percentage, the strictest of the run's hosts); None (logged) when not."""
+    failed = [h.name for h in state.inventory if h in state.failed_hosts]
+    in_run = [h.name for h in state.inventory if h in state.failed_hosts or h in state.active_hosts]
+    budget = min((settings[n].max_fail_percentage for n in in_run if n in settings), default=0)
+    why = rollout.fail_budget_refusal(kind, failed, len(in_run), budget)
+    if why:
+        logger.error(f"--> {why}")
+        return None
+    for name in failed:
+        logger.warning(f"    [{name}] unreachable or failed to prepare: skipped by this {kind} "
+                       f"(max_fail_percentage = {budget})")
+    return failed
+
+
+# --- one writer at a time: deploys that touch rotation outside a rollout ---------------------------
+
+def hold_writer_lock(kind: str) -> None:
+    """For a deploy that writes what a rollout moves (a gateway's worker file, drain flags, units:
+    deploys/serve.py, deploys/gateway.py): take the rollout lock on this host while the deploy
+    prepares, keep it fresh while it runs, and give it back when its last operation has ended.
+    During a rollout the deploy refuses before any host is touched, naming the rollout; a rollout
+    started meanwhile refuses, naming this run. Not an operation (a second converge still changes
+    nothing); with --dry only a warning when the lock is held. pyinfra --serial/--no-wait do not
+    end operations one by one: there the lock stays until this process is gone (the next run on
+    this control node breaks it) or rollout_lock_stale_s passes."""
+    state = ctx_state.get()
+    settings = all_settings()
+    if "--dry" in sys.argv:
+        held = _shell(host, f"cat {rollout.LOCK_FILE} 2>/dev/null", COMMAND_TIMEOUT_S)[1].stdout
+        if held.strip():
+            h = LockHolder.from_json(held)
+            logger.warning(f"    [{host.name}] the rollout lock is held by "
+                           f"{h.describe(time.time()) if h else 'an unreadable lock'}: a real run refuses")
+        return
+    writer = getattr(state, "_gpuserve_writer", None)
+    if writer is None:
+        writer = state._gpuserve_writer = _Writer(_holder(kind))
+        state.add_callback_handler(writer)
+    try:
+        writer.hosts += _lock_all([ctx_host.get()], writer.me, settings)
+    except OperationError as exc:
+        writer.release()
+        raise PyinfraError(str(exc)) from None
+    if writer.refresher is None:
+        stale = settings[host.name].rollout_lock_stale_s
+        writer.refresher = gevent.spawn(_keep_fresh, writer.hosts, writer.me, max(5.0, min(stale / 4, 300.0)))
+
+
+class _Writer(BaseStateCallback):
+    """The lock a converge holds; released when the run's last operation ends."""
+
+    def __init__(self, me: LockHolder):
+        self.me, self.hosts, self.refresher, self.last = me, [], None, None
+
+    def operation_end(self, state, op_hash) -> None:
+        if self.last is None:
+            self.last = state.get_op_order()[-1]
+        if op_hash == self.last:
+            self.release()
+
+    def release(self) -> None:
+        if self.refresher is not None:
+            self.refresher.kill()
+        _unlock(self.hosts, self.me)
+        self.hosts.clear()
 
 
 def _keep_fresh(hosts: list, me: LockHolder, every_s: float) -> None:
@@ -195,17 +286,16 @@ def _unlock(hosts: list, me: LockHolder) -> None:
 
 
 def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings],
-                  beat=lambda: None) -> None:
-    failed = sorted(h.name for h in state.failed_hosts)
-    if failed:
-        raise OperationError(f"{kind} not started: preparing failed on {', '.join(failed)}; "
-                             "no host was switched")
+                  beat=lambda: None, canaries: int = 1) -> None:
+    """Move ``plan`` batch by batch; in an upgrade the first ``canaries`` batches each bake."""
     hosts = {h.name: h for h in state.inventory}
     for i, batch in enumerate(plan, 1):
         by_host: dict[str, list[Move]] = {}
         for move in batch:
             by_host.setdefault(move.host, []).append(move)
-        logger.info(f"--> {kind} batch {i}/{len(plan)}: {', '.join(by_host)}")
+        canary = (f" (canary of {', '.join(sorted({hardware_kind(settings[n]) for n in by_host}))})"
+                  if kind == "upgrade" and i <= canaries and i < len(plan) else "")
+        logger.info(f"--> {kind} batch {i}/{len(plan)}: {', '.join(by_host)}{canary}")
         try:
             beat()
         except _MoveFailed as exc:
@@ -219,11 +309,11 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
             raise OperationError(
                 f"{kind} halted in batch {i}/{len(plan)}: " + "; ".join(errors)
                 + (f". Not reached, still on their release: {', '.join(untouched)}" if untouched else ""))
-        if i == 1 and kind == "upgrade" and len(plan) > 1:
+        if i <= canaries and kind == "upgrade" and i < len(plan):
             breaches = canary_bake.bake(settings, batch, hosts)
             if breaches:
                 _canary_back(batch, hosts, settings)
-                untouched = sorted({m.host for later in plan[1:] for m in later})
+                untouched = sorted({m.host for later in plan[i:] for m in later})
                 raise OperationError(
                     f"{kind} halted after the canary bake: {', '.join(by_host)} went back to the "
                     f"release it served; not reached, still on their release: {', '.join(untouched)}\n"

@@ -78,6 +78,9 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
     t0 = time.monotonic()
     if isinstance(move, PatchMove) and move.role == patch.GATEWAY:
         patch_layer.other_gateways_serve(h, s)   # never the last serving gateway (raises)
+    if not isinstance(move, PatchMove):   # before the host leaves rotation
+        resuming = shell(h, f"test -e {stack.STACK_MOVING}", COMMAND_TIMEOUT_S)[0]
+        plan = _preconditions(h, move, s, t, get, resuming)
     logger.info(f"    [{h.name}] {move}: out of rotation")
     for dep in move.deployments:
         rotation.take_out(h, s, dep)
@@ -93,25 +96,7 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
         _verify_start_gate_in(h, move, s, t, get, t0, "the OS update", record=False)
         return
     target = stack.target(t, move.os)
-
-    resuming = shell(h, f"test -e {stack.STACK_MOVING}", COMMAND_TIMEOUT_S)[0]
-    try:
-        run(h, f"mkdir -p -m 700 {stack.STACK_MOVING.rsplit('/', 1)[0]} && touch {stack.STACK_MOVING}")
-        deb_arch = run(h, "dpkg --print-architecture").strip()
-        for command in source_commands(t, move.os, deb_arch):
-            run(h, command, timeout=APT_TIMEOUT_S)
-        plan = gpu_ops._plan(target.specs, target.family, with_versions=True, get=get)
-        if plan.problems:
-            raise MoveFailed(f"{h.name}: GPU stack move to {target.label} refused before any change: "
-                             + "; ".join(plan.problems))
-    except MoveFailed as exc:
-        if resuming:   # an earlier move changed the stack already: it must not serve unverified
-            _stays_out(h, move, "change", str(exc))
-        # nothing changed yet (the apt pin or sources aside; the holds keep every package): the
-        # host serves its old stack again, then the rollout halts
-        shell(h, f"rm -f {stack.STACK_MOVING}", COMMAND_TIMEOUT_S)
-        _serve_again(h, move, s)
-        raise MoveFailed(f"{exc} (nothing was installed; the host serves its old stack again)") from None
+    run(h, f"mkdir -p -m 700 {stack.STACK_MOVING.rsplit('/', 1)[0]} && touch {stack.STACK_MOVING}")
     install = list(plan.install) + (gpu_ops.companions_for(t.driver_version, target.specs, get)
                                     if t.vendor == "nvidia" else [])
     logger.info(f"    [{h.name}] installing {target.label}")
@@ -131,6 +116,40 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
             _stays_out(h, move, "reboot", stack.reboot_refused_message(h.name, "the driver", installed, loaded))
         _reboot(h, t)
     _verify_start_gate_in(h, move, s, t, get, t0, target.label, record=True)
+
+
+STACK_FREE_MIB = 2048   # free space a driver set needs: its .debs in apt's cache and DKMS's build
+
+
+def _preconditions(h, move: StackMove, s: HostSettings, t: stack.StackSettings, get, resuming: bool):
+    """Everything the change needs, checked while the host still serves (MoveFailed otherwise, and
+    the host keeps serving): the target's packages visible to apt (after its pin or sources), a
+    reboot allowed when the new module needs one, free disk. Returns the package plan. A host an
+    earlier move left out of rotation (``resuming``) stays out when a check fails."""
+    target = stack.target(t, move.os)
+    try:
+        deb_arch = run(h, "dpkg --print-architecture").strip()
+        for command in source_commands(t, move.os, deb_arch):
+            run(h, command, timeout=APT_TIMEOUT_S)
+        plan = gpu_ops._plan(target.specs, target.family, with_versions=True, get=get)
+        problems = list(plan.problems)
+        _, loaded = gpu_ops.module_state(t.vendor, target.module_package, get)
+        reboot = stack.reboot_needed(target, t.vendor, loaded)
+        if reboot and not t.reboot_allowed:
+            problems.append(f"{reboot} needs a reboot and this host may not be rebooted (reboot: never)")
+        ok, df = shell(h, stack.FREE_SPACE_COMMAND, COMMAND_TIMEOUT_S)
+        free = stack.free_mib(df.stdout) if ok else None
+        if free is not None and free < STACK_FREE_MIB:
+            problems.append(f"{free} MiB free under /var and /usr, below the {STACK_FREE_MIB} MiB a "
+                            "driver set needs (its packages and the DKMS build)")
+        if problems:
+            raise MoveFailed(f"{h.name}: GPU stack move to {target.label} refused before the host left "
+                             "rotation: " + "; ".join(problems))
+    except MoveFailed as exc:
+        if resuming:   # an earlier move changed the stack already: it must not serve unverified
+            _stays_out(h, move, "change", str(exc))
+        raise MoveFailed(f"{exc} (nothing was installed; the host serves on its old stack)") from None
+    return plan
 
 
 def _verify_start_gate_in(h, move: StackMove, s: HostSettings, t: stack.StackSettings, get, t0: float,

@@ -28,6 +28,7 @@ from gpuserve.layers import secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
 from gpuserve.facts.deployment import Deployment, DeploymentState, ReleaseRecords
 from gpuserve.host_plan import HostPlan
+from gpuserve.secret_sources import SecretCommand
 from gpuserve.releases import Ledger, Release, unreferenced
 from gpuserve.values import is_loopback
 from gpuserve.release_files import GATE, STOP_MARGIN_S, gate_command, tools_enabled
@@ -48,8 +49,8 @@ def _secrets_content(plan: HostPlan, name: str) -> str | None:
         return ""   # the engine takes no key, or none is configured
     if secret.source is None:
         return None  # an internal key the proxy injects; clients use their own keys at the proxy
-    path = Path(secret.source)
-    if not path.is_file():
+    path = secret.source   # a file, or a command that prints the key (gpuserve.secret_sources)
+    if not isinstance(path, SecretCommand) and not Path(path).is_file():
         raise OperationError(f"{host.name}: deployments.{name}.{secret.setting} {path} does not exist "
                              "on this control node")
     serve = plan.serve_configs[name]
@@ -107,6 +108,15 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
                                      dest=secrets_path)
     changed_secrets = op.will_change
 
+    listeners_path = f"{where.deployment_dir}/listeners.nft"
+    listeners = files.put(
+        name=f"{name}: listener guard (only root and {layout.SERVICE_USER} open the engine's other ports)",
+        src=StringIO(engine_guard.listeners_ruleset(name, where.unit, dep.serve_port,
+                                                    ("root", layout.SERVICE_USER))),
+        dest=listeners_path, user="root", group="root", mode="644")
+    server.shell(name=f"{name}: listener guard loaded for the running engine",
+                 commands=[f"if systemctl is-active -q {where.unit}; then nft -f {listeners_path}; fi"],
+                 _if=listeners.did_change)
     unit = files.template(
         name=f"{name}: systemd unit", src=str(TEMPLATES / "gpuserve.service.j2"), dest=unit_path(name),
         user="root", group="root", mode="644",
@@ -119,7 +129,7 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
         # GPU engines with several ranks reach each other (NCCL/gloo bootstrap) on the host's
         # own address, not loopback: the address filter is for engines without GPUs only
         loopback_only=is_loopback(dep.serve_host) and not serve.gpus,
-        guard=engine_guard.UNIT,
+        guard=engine_guard.UNIT, listeners=listeners_path,
     )
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
     systemd.service(name=f"{name}: unit enabled at boot", service=where.unit,

@@ -34,6 +34,14 @@ def operator_keys_file(directory: Path, key: str) -> Path:
     return path
 
 
+def scrape_keys_file(directory: Path, key: str) -> Path:
+    """A scrape key file (``scrape_keys_file``: the monitor's credential) holding ``key``, 0600."""
+    path = directory / "scrape-keys"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def pointers(sandbox: Sandbox, host: SandboxHost, deployment: str) -> tuple[str, str]:
     """(current, previous) release ids of a deployment; "" where a pointer is missing."""
     out = sandbox.ssh(host, f"readlink {layout.current_link(deployment)}; "

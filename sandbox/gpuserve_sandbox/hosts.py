@@ -325,10 +325,10 @@ class Sandbox:
                 ["bash", str(loop), sys.executable, str(hdir / "root"), str(hdir / "sim/proc-driver"),
                  "--", *args],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-                # a pure cgroup2 tree inside: systemd can then kill a unit's whole process group
-                # (in this machine's hybrid layout it fails with EIO and leaves processes behind)
+                # a pure cgroup2 tree inside, in a cgroup of this host's own (own_cgroups)
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
                      "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"},
+                preexec_fn=_enter_cgroups(own_cgroups(host.machine)),
             )
         (hdir / "nspawn.pid").write_text(str(proc.pid))
 
@@ -431,6 +431,56 @@ class Sandbox:
         shutil.rmtree(f"/run/systemd/nspawn/propagate/{host.machine}", ignore_errors=True)
         if run(["mountpoint", "-q", str(root)], check=False).returncode != 0:
             shutil.rmtree(hdir, ignore_errors=True)
+        for cg in own_cgroups(host.machine):
+            _remove_cgroup(cg)
+
+
+# Each host's nspawn runs in a cgroup of its own. This machine has no systemd to give it a scope,
+# and nspawn --keep-unit makes its container's tree under the cgroup it was started in: started
+# from the root cgroup, every host of every instance got the same /payload, so the nginx.service
+# cgroup of one host held another host's nginx. Inside a host such a process reads as PID 0 in
+# cgroup.procs; systemd then stops killing a unit's leftovers with "Failed to kill control group
+# ... Input/output error", and a crashed nginx's workers kept the port (issue 26).
+CGROUP_PARENT = "gpuserve-sandbox"
+CGROUP_FS = Path("/sys/fs/cgroup")
+
+
+def own_cgroups(machine: str) -> list[Path]:
+    """The host's cgroups on this machine: in the unified hierarchy (the container's tree) and,
+    on a hybrid layout, in the name=systemd one (where nspawn looks up its own cgroup)."""
+    if (CGROUP_FS / "unified").is_dir():   # hybrid: cgroup v1 controllers + unified
+        return [CGROUP_FS / "unified" / CGROUP_PARENT / machine, CGROUP_FS / "systemd" / CGROUP_PARENT / machine]
+    return [CGROUP_FS / CGROUP_PARENT / machine]
+
+
+def cgroup_root(host: SandboxHost) -> Path:
+    """The host's root cgroup (its /sys/fs/cgroup) as this machine sees it."""
+    return own_cgroups(host.machine)[0] / "payload"
+
+
+def _enter_cgroups(cgroups: list[Path]):
+    for cg in cgroups:
+        cg.mkdir(parents=True, exist_ok=True)
+
+    def enter() -> None:   # in the child, before nspawn runs
+        for cg in cgroups:
+            (cg / "cgroup.procs").write_text("0")
+    return enter
+
+
+def _remove_cgroup(cg: Path) -> None:
+    """rmdir the (empty) cgroup tree, deepest first; a cgroup still in use is left."""
+    if not cg.is_dir():
+        return
+    for sub in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        try:
+            sub.rmdir()
+        except OSError:
+            pass
+    try:
+        cg.rmdir()
+    except OSError:
+        pass
 
 
 def _alive(pidfile: Path) -> int | None:

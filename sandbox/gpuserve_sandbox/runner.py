@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[2]   # the checkout: sandbox/gpuserve_sandbox/runner.py
 _HOST_ERROR = re.compile(r"^\s+\[[^\]]+\] Error")
@@ -80,3 +83,21 @@ def run_pyinfra(inventory: str, deploy: str, *extra: str, instance: int | None =
     proc = subprocess.run([str(pyinfra), *args], cwd=REPO, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
     return PyinfraRun(args, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0)
+
+
+@contextmanager
+def pyinfra_in_background(inventory: str, deploy: str, *extra: str, instance: int,
+                          log) -> Iterator[subprocess.Popen]:
+    """`pyinfra -y <inventory> <deploy> <extra>` started in a session of its own, its output to
+    ``log``: for a test that acts while it runs. Whatever the test does, the run is gone when the
+    block ends (its whole process group killed if it is still running)."""
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    proc = subprocess.Popen([str(pyinfra), "-y", inventory, deploy, *extra], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(instance)})
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -35,6 +35,7 @@ INV, SERVE, UPGRADE = "inventories/sandbox.py", "deploys/serve.py", "deploys/upg
 DEP = "minimax"
 BAKE_S = 60
 OPERATOR_KEY = "sandbox-operator-canary-0123456789ABCDEFabcdef"
+SCRAPE_KEY = "sandbox-scrape-canary-0123456789ABCDEFabcdef"
 CANARY = ["--data", f"canary_bake_s={BAKE_S}", "--data", "canary_ttft_p95_ratio_max=3",
           "--data", "canary_e2e_p95_ratio_max=3"]
 
@@ -44,7 +45,9 @@ def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory
     first, second, monitor = make_hosts(["cpu", "cpu", "monitor"])
     files = tmp_path_factory.mktemp("canary")
     keys = view.operator_keys_file(files, OPERATOR_KEY)
-    data = ["--data", f"operator_keys_file={keys}", "--data", "monitor_scrape_interval_s=5",
+    scrape = view.scrape_keys_file(files, SCRAPE_KEY)   # the monitor scrapes with this one
+    data = ["--data", f"operator_keys_file={keys}", "--data", f"scrape_keys_file={scrape}",
+            "--data", "monitor_scrape_interval_s=5",
             "--data", "watchdog_probe_timeout_s=120", "--data", "alert_nvme_free_gib=1"]
     return {"serving": [first, second], "monitor": monitor, "certs": files, "data": data,
             "key": view.client_key(sandbox), "out": Path(os.environ.get("GPUSERVE_TIMELINES") or files)}

@@ -6,21 +6,27 @@ Converged by deploys/serve.py from inventories/sandbox.py, as a user would. Thre
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 import ssl
+from pathlib import Path
 
 import pytest
 
 from gpuserve import gateway
+from gpuserve.layers.gateway import smg_ready_command
 from gpuserve_sandbox import fleet as fleet_view
 
 INV, SERVE, GATEWAY = "inventories/sandbox.py", "deploys/serve.py", "deploys/gateway.py"
 ROTATE = "tests/integration/deploys/rotate.py"
 GW_PORT = 9443   # group_data/gateway.py
 MODEL = "tiny-chat"
+OPERATOR_KEY = "sandbox-operator-gateway-0123456789ABCDEFabcdef"
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +34,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fleet(make_hosts, sandbox, sandbox_hub, tmp_path_factory):
     hosts = make_hosts(["cpu", "cpu", "gateway"])   # smg's wheel set comes with the gateway host
+    certs = tmp_path_factory.mktemp("certs")
+    ops = fleet_view.operator_keys_file(certs, OPERATOR_KEY)   # the gateway's and the hosts'
     return {"serving": hosts[:2], "gateway": hosts[2], "key": fleet_view.client_key(sandbox),
-            "certs": tmp_path_factory.mktemp("certs")}
+            "certs": certs, "data": ["--data", f"operator_keys_file={ops}"]}
 
 
 def _gw(fleet, sandbox, path, key=None, body=None, timeout=120):
@@ -61,7 +69,7 @@ def _wait_healthy(sandbox, fleet, ids, bound_s=120):
 
 
 def test_converge_serves_through_the_gateway(fleet, sandbox, pyinfra):
-    run = pyinfra(INV, SERVE).check()
+    run = pyinfra(INV, SERVE, *fleet["data"]).check()
     assert run.errors == 0
     ids = [f"{h.name}/minimax" for h in fleet["serving"]]
     states = _wait_healthy(sandbox, fleet, ids)
@@ -88,9 +96,23 @@ def test_the_gateways_admin_api_and_metrics_are_unreachable_from_the_network(fle
             socket.create_connection((fleet["gateway"].ip, port), timeout=5).close()
     listening = sandbox.ssh(fleet["gateway"], "ss -Hltn").stdout
     assert "127.0.0.1:30000" in listening and "127.0.0.1:29000" in listening
-    # through the TLS front: the admin routes are operator routes; a client key gets 403
-    assert _gw(fleet, sandbox, "/workers", None)[0] == 401
-    assert _gw(fleet, sandbox, "/workers", fleet["key"])[0] == 403
+    # through the TLS front: no admin route for any key; an operator key gets 403 too (issue 26:
+    # POST /workers with an operator key added a rogue worker that got the clients' chats)
+    rogue = {"url": "http://10.231.0.250:8000", "worker_type": "regular"}
+    before = _gateway_states(sandbox, fleet)
+    for key in (None, fleet["key"], OPERATOR_KEY):
+        assert _gw(fleet, sandbox, "/workers", key)[0] == 403, key
+        assert _gw(fleet, sandbox, "/workers", key, rogue)[0] == 403, key
+        for path in ("/flush_cache", "/get_loads", "/metrics", "/workers/x"):
+            assert _gw(fleet, sandbox, path, key)[0] == 403, (path, key)
+    assert set(_gateway_states(sandbox, fleet)) == set(before)   # no worker added
+    # the operator key still reaches the client routes
+    assert _gw(fleet, sandbox, "/v1/chat/completions", OPERATOR_KEY, _chat())[0] == 200
+    # on the gateway host, only root and nginx's workers open smg's ports (the gateway guard)
+    for user, want in (("nobody", "000"), ("www-data", "200"), ("root", "200")):
+        got = sandbox.ssh(fleet["gateway"], f"runuser -u {user} -- curl -s -o /dev/null -w '%{{http_code}}' "
+                                            "-m 10 http://127.0.0.1:30000/workers", check=False).stdout
+        assert got.strip() == want, (user, got)
     # and smg's command line carries no secret
     cmdline = sandbox.ssh(fleet["gateway"], "systemctl show -p ExecStart --value gpuserve-gateway").stdout
     assert fleet["key"] not in cmdline and "api-key" not in cmdline
@@ -103,6 +125,33 @@ def test_a_client_key_is_refused_at_a_host_unless_it_comes_through_the_gateway(f
     assert status == 403 and "only through the gateway" in body
     # the same key through the gateway: served
     assert _gw(fleet, sandbox, "/v1/chat/completions", fleet["key"], _chat())[0] == 200
+
+
+def _status(sandbox):
+    gpuserve = Path(sys.executable).with_name("gpuserve")
+    return subprocess.run([str(gpuserve), "status", INV], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(sandbox.instance)},
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def test_status_reports_the_gateway_and_fails_when_smg_is_down(fleet, sandbox):
+    """Issue 26 (4): with smg stopped the gateway answered 502 and gpuserve status exited 0."""
+    gw_name = fleet["gateway"].name
+    ok = _status(sandbox)
+    row = next(line for line in ok.stdout.splitlines() if line.startswith(gw_name))
+    assert ok.returncode == 0 and "ok (3)" in row, ok.stdout + ok.stderr   # smg, its guard, nginx
+    sandbox.ssh(fleet["gateway"], f"systemctl stop {gateway.UNIT}")
+    try:
+        down = _status(sandbox)
+        row = next(line for line in down.stdout.splitlines() if line.startswith(gw_name))
+        assert down.returncode == 1, down.stdout + down.stderr
+        assert f"down: {gateway.UNIT} inactive" in row, down.stdout
+    finally:
+        sandbox.ssh(fleet["gateway"], f"systemctl start {gateway.UNIT}")
+    # smg answers a few seconds after its start (bounded: layers.gateway.SMG_READY_S)
+    sandbox.ssh(fleet["gateway"], smg_ready_command(30000), timeout=120)
+    ids = [f"{h.name}/minimax" for h in fleet["serving"]]
+    assert all(gateway.serving_healthy(_wait_healthy(sandbox, fleet, ids), i) for i in ids)
 
 
 def _running(sandbox, h) -> float:

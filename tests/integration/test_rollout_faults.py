@@ -20,7 +20,7 @@ from gpuserve.rollout import LOCK_FILE, LockHolder, drain_flag
 from gpuserve_sandbox import fleet as view
 from gpuserve_sandbox.hub import SANDBOX_REPO, SANDBOX_SEED, publish_tiny_checkpoint
 from gpuserve_sandbox.loadloop import LoadLoop
-from gpuserve_sandbox.runner import REPO
+from gpuserve_sandbox.runner import REPO, pyinfra_in_background
 
 pytestmark = pytest.mark.slow
 
@@ -122,18 +122,13 @@ def test_a_host_unreachable_mid_rollback_halts_it_and_the_rerun_finishes_it(flee
     args = ("--data", f"model_revision={fleet['sha1']}")
     log_path = tmp_path / "rollback.log"
     try:
-        with open(log_path, "w") as log:
-            proc = _start_pyinfra(sandbox, ROLLBACK, *args, log=log)
-            try:
-                _wait_for("pointer switch on the first host",
-                          lambda: view.pointers(sandbox, first, DEP)[0] == fleet["old"][first.name],
-                          600, proc, log_path)
-                subprocess.run(["ip", "link", "set", veth, "down"], check=True)
-                proc.wait(timeout=900)
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+        with open(log_path, "w") as log, pyinfra_in_background(INV, ROLLBACK, *args, instance=sandbox.instance,
+                                                               log=log) as proc:
+            _wait_for("pointer switch on the first host",
+                      lambda: view.pointers(sandbox, first, DEP)[0] == fleet["old"][first.name],
+                      600, proc, log_path)
+            subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+            proc.wait(timeout=900)
         output = log_path.read_text()
         assert proc.returncode != 0, output[-4000:]
         assert "rollback halted in batch 2/2" in output, output[-4000:]
@@ -171,21 +166,16 @@ def test_two_rollouts_at_once_the_second_is_refused_naming_the_first(fleet, sand
     first, second = fleet["hosts"]
     new_rev = f"model_revision={fleet['sha1']}"
     log_path = tmp_path / "first-upgrade.log"
-    with open(log_path, "w") as log:
-        # drain_s=45: each host waits that long out of rotation, so the first rollout is still
-        # moving hosts while the second one reaches its lock
-        proc = _start_pyinfra(sandbox, UPGRADE, "--data", new_rev, "--data", "drain_s=45", log=log)
-        try:
-            _wait_for("the first rollout's lock on both hosts",
-                      lambda: all(_lock_of(sandbox, h) for h in fleet["hosts"]), 600, proc, log_path)
-            holder = _lock_of(sandbox, first)
-            other = pyinfra(INV, UPGRADE, "--data", new_rev)
-            assert proc.poll() is None, "the first rollout should still be moving hosts"
-            proc.wait(timeout=900)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    # drain_s=45: each host waits that long out of rotation, so the first rollout is still
+    # moving hosts while the second one reaches its lock
+    with open(log_path, "w") as log, pyinfra_in_background(INV, UPGRADE, "--data", new_rev, "--data", "drain_s=45",
+                                                           instance=sandbox.instance, log=log) as proc:
+        _wait_for("the first rollout's lock on both hosts",
+                  lambda: all(_lock_of(sandbox, h) for h in fleet["hosts"]), 600, proc, log_path)
+        holder = _lock_of(sandbox, first)
+        other = pyinfra(INV, UPGRADE, "--data", new_rev)
+        assert proc.poll() is None, "the first rollout should still be moving hosts"
+        proc.wait(timeout=900)
     assert proc.returncode == 0, log_path.read_text()[-4000:]
     assert other.returncode != 0
     assert (f"upgrade refused: {first.name} is locked by upgrade run {holder.run} by "

@@ -2,8 +2,10 @@
 on this CPU machine, without writing the real /opt.
 
 - settings: the group_data a GPU host gets (recipe x engine), loaded through gpuserve's own
-  validation, with only what this machine forces changed: python 3.11 from the system
-  (python_downloads = never; the hosts' default 3.12 is not installed here);
+  validation, with only what this machine forces changed: the hosts' Python is uv's managed
+  CPython 3.12 (python_version's default), which uv downloads from GitHub, out of reach here; so
+  python_downloads = never with a CPython 3.12 of this machine first on PATH (``host_python``:
+  $GPUSERVE_TRUTH_PYTHON, python3.12 on PATH, /usr/bin, pyenv's), the same minor version;
 - build: ``gpuserve.engine.uv_install_script`` (uv from its PyPI wheel) then
   ``gpuserve.engine.build_script``, run as root under ``unshare -m`` with /opt/gpuserve and
   /var/log bind-mounted onto folders under ``TRUTH`` (/var/tmp/gpuserve-truth);
@@ -16,10 +18,12 @@ on this CPU machine, without writing the real /opt.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,9 +53,30 @@ def group_data(name: str) -> dict:
     return {k: v for k, v in ns.items() if not k.startswith("_")}
 
 
+PYTHON = "3.12"  # the hosts' (gpuserve.schema python_version default)
+
+
+def host_python(version: str = PYTHON) -> Path:
+    """A working ``python<version>`` of this machine (a pyenv shim of another version fails)."""
+    candidates = [os.environ.get("GPUSERVE_TRUTH_PYTHON"), shutil.which(f"python{version}"),
+                  f"/usr/bin/python{version}",
+                  *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))]
+    for c in candidates:
+        if c and os.path.exists(c) and subprocess.run(
+                [c, "-c", f"import sys; assert sys.version.startswith('{version}.')"],
+                capture_output=True).returncode == 0:
+            return Path(c)
+    raise RuntimeError(f"no working python{version} here: set GPUSERVE_TRUTH_PYTHON")
+
+
+def path_env() -> dict[str, str]:
+    """PATH with ``host_python``'s folder first: uv (python_downloads = never) finds it there."""
+    return {"PATH": f"{host_python().parent}:{os.environ.get('PATH', '')}"}
+
+
 def settings(recipe: str, engine: str, **data) -> tuple[HostSettings | None, list[str]]:
     """The settings group_data gives a host of ``recipe`` (plus ``data``), and the plan's problems."""
-    base = {**group_data("all"), "model_revision": SHA, "python_version": "3.11",
+    base = {**group_data("all"), "model_revision": SHA, "python_version": PYTHON,
             "python_downloads": "never", "engine": engine}
     groups = {recipe: ([recipe], {**group_data(recipe), **HARDWARE[recipe]})}
     inv = Inventory(([recipe], base), override_data=data, **groups)
@@ -85,7 +110,7 @@ def in_namespace(script: str, env: dict[str, str] | None = None,
     ])
     wrapped = f"{setup}\nsh -c {shlex.quote(script)}"
     return subprocess.run(["unshare", "-m", "sh", "-c", wrapped], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+                          env={**os.environ, **path_env(), **(env or {})}, timeout=timeout)
 
 
 def install_uv() -> str:
@@ -160,24 +185,3 @@ def run_python(venv: Path, code_or_file: str | Path, *args: str, env: dict | Non
     full = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     return subprocess.run([*cmd, *args], capture_output=True, text=True, env=full, timeout=timeout)
-
-
-def override_venv(requirement: str, overrides: list[str]) -> Path:
-    """A venv (not the layer's) with ``requirement`` installed by uv with ``--override``: only
-    to read an engine whose own pins PyPI cannot satisfy. Same uv, cache and interpreter."""
-    name = requirement.replace("==", "-") + "-override-" + "-".join(
-        o.replace("==", "-") for o in overrides)
-    venv = TRUTH / "override-venvs" / name
-    if (venv / "bin" / "python").exists():
-        return venv
-    uv = str(host_path(install_uv()))
-    env = {**os.environ, "UV_NO_CONFIG": "1", "UV_CACHE_DIR": str(OPT / "cache" / "uv"),
-           "UV_PYTHON_DOWNLOADS": "never", "UV_LINK_MODE": "hardlink"}
-    ov = venv.parent / f"{name}.overrides.txt"
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    ov.write_text("\n".join(overrides) + "\n")
-    subprocess.run([uv, "venv", "--clear", "--no-managed-python", "--python", "3.11", str(venv)],
-                   check=True, env=env)
-    subprocess.run([uv, "pip", "install", "--python", str(venv / "bin" / "python"),
-                    "--override", str(ov), requirement], check=True, env=env)
-    return venv

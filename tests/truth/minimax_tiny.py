@@ -53,18 +53,37 @@ VISION = {"model_type": "minimax_m3_vl_vision", "hidden_size": 32, "intermediate
           "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 56, "patch_size": 14}
 
 
-def config() -> dict:
-    return {"architectures": ["MiniMaxM3SparseForConditionalGeneration"],
-            "model_type": "minimax_m3_vl", "text_config": dict(TEXT), "vision_config": dict(VISION),
-            "image_token_index": 300, "video_token_index": 301, "projector_hidden_size": 64,
-            "torch_dtype": "bfloat16"}
+# The shape of MiniMax-M3.1-Flash's quantization_config as the engines read it: MXFP8
+# projections with NVFP4 packed experts. Taken from what SGLang 0.5.23 reads
+# (sglang/srt/arg_groups/model_overrides/minimax_m3.py, _resolve_quant_method: quant_method
+# "mxfp8" plus moe_quant_algo "NVFP4" and moe_quant_format "nvfp4-pack-quantized" -> it serves
+# the checkpoint as minimax_m3_nvfp4); the real config.json is not reachable from here.
+QUANTIZATION = {"quant_method": "mxfp8", "moe_quant_algo": "NVFP4",
+                "moe_quant_format": "nvfp4-pack-quantized"}
 
 
-def draft_config() -> dict:
+def config(quantized: bool = False) -> dict:
+    out = {"architectures": ["MiniMaxM3SparseForConditionalGeneration"],
+           "model_type": "minimax_m3_vl", "text_config": dict(TEXT), "vision_config": dict(VISION),
+           "image_token_index": 300, "video_token_index": 301, "projector_hidden_size": 64,
+           "torch_dtype": "bfloat16"}
+    if quantized:
+        out["quantization_config"] = dict(QUANTIZATION)
+    return out
+
+
+def draft_config(quantized: bool = False) -> dict:
     text = {**TEXT, "num_hidden_layers": 1, "layer_types": ["full_attention"],
             "mlp_layer_types": ["dense"], "dspark_markov_rank": 1, "dspark_ffn_hidden_size": 64,
             "dspark_target_layer_ids": [1], "dflash_config": {"causal": False}}
-    return {**config(), "architectures": ["DSparkMiniMaxDraftModel"], "text_config": text}
+    if quantized:
+        # the fields SGLang 0.5.23's configure_minimax_m3_dspark reads
+        # (sglang/srt/configs/minimax_vl.py): the dense-FFN draft, its block and mask token,
+        # and dflash_config's target depth, draft depth and capture layers
+        text.update(dspark_use_dense_ffn=True, dspark_block_size=7, dspark_noise_token_id=3,
+                    dflash_config={"causal": False, "num_target_layers": 2,
+                                   "num_hidden_layers": 1, "target_layer_ids": [1]})
+    return {**config(quantized), "architectures": ["DSparkMiniMaxDraftModel"], "text_config": text}
 
 
 # MiniMax M3's reasoning markers (vllm/reasoning/minimax_m3_reasoning_parser.py): the parser
@@ -83,10 +102,12 @@ def tokenizer_json() -> str:
     return json.dumps(tok)
 
 
-def write(root: Path, seed: int = 0) -> Path:
-    """Write the checkpoint (config, tokenizer, random weights, dspark/ draft) into ``root``."""
+def write(root: Path, seed: int = 0, quantized: bool = False) -> Path:
+    """Write the checkpoint (config, tokenizer, random weights, dspark/ draft) into ``root``;
+    ``quantized``: config.json carries ``QUANTIZATION`` (the weights stay tiny and unquantized:
+    no step reads them)."""
     rng = np.random.default_rng(seed)
-    for folder, cfg in ((root, config()), (root / "dspark", draft_config())):
+    for folder, cfg in ((root, config(quantized)), (root / "dspark", draft_config(quantized))):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(cfg, indent=1))
         (folder / "tokenizer.json").write_text(tokenizer_json())

@@ -32,6 +32,34 @@ def key_file(directory: Path) -> Path:
     return keys
 
 
+def tls_pair(directory: Path, name: str = "tls", *, not_before_days: float = -1,
+             not_after_days: float = 30) -> tuple[Path, Path]:
+    """A real self-signed certificate and its key (PEM, 0600) valid from ``not_before_days`` to
+    ``not_after_days`` from now (negative: in the past)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now + datetime.timedelta(days=not_before_days))
+            .not_valid_after(now + datetime.timedelta(days=not_after_days))
+            .sign(key, hashes.SHA256()))
+    crt_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    for f in (crt_path, key_path):
+        f.chmod(0o600)
+    return crt_path, key_path
+
+
 def make_inventory(
     host_data: dict | None = None,
     group: str = "hopper_x8",

@@ -40,7 +40,7 @@ def test_id_names_the_pin_and_hashes_the_rest():
 def test_id_is_stable():
     assert CPU.id == replace(CPU).id
     # pinned by value: an accidental change of the hash input would rebuild every fleet's venvs
-    assert CPU.id_inputs == {"format": 1, "excludes": list(CPU.excludes), "interpreter": "system",
+    assert CPU.id_inputs == {"format": 2, "excludes": list(CPU.excludes), "interpreter": "system",
                              "source": "wheelhouse:" + "ab" * 32, "kernels": False}
 
 
@@ -74,6 +74,31 @@ def test_spec_for_a_gpu_recipe_downloads_kernels_and_excludes_nothing():
     assert spec.interpreter == "managed" and spec.uv_version == eng.UV_VERSION
 
 
+def test_gpu_engines_are_constrained_to_a_coherent_cuda_python_cpu_is_not():
+    """Issue 25: without the constraint uv pairs cuda-python 12.6.2.post1 (monolithic, ships
+    cuda/bindings) with cuda-bindings 13.5.0, and the venv depends on the unpack order."""
+    for group, data in (("hopper_x8", {}), ("hopper_x8", {"engine": "sglang"}),
+                        ("blackwell_x4", {"engine": "sglang"})):
+        spec = eng.spec_for(settings_of(make_inventory(group=group, group_data=data)))
+        assert spec.constraints == ("cuda-python>=12.8",), (group, data)
+        assert spec.id_inputs["constraints"] == ["cuda-python>=12.8"]
+    cpu = eng.spec_for(settings_of(make_inventory(group="cpu", group_data={"engine_version": "0.32.0"})))
+    assert cpu.constraints == () and "constraints" not in cpu.id_inputs
+    assert replace(GPU, constraints=("cuda-python>=12.8",)).id != GPU.id
+
+
+def test_constrained_install_and_build_write_and_pass_the_constraints():
+    spec = replace(GPU, constraints=("cuda-python>=12.8",))
+    cmd = eng.install_command(spec, "/uv", "/e")
+    assert cmd[cmd.index("--constraints") + 1] == "/e/gpuserve-constraints.txt"
+    script = eng.build_script(spec, "/uv")
+    write = f"printf '%s\\n' 'cuda-python>=12.8' > {spec.partial_dir}/gpuserve-constraints.txt"
+    install = shlex.join(eng.install_command(spec, "/uv", spec.partial_dir))
+    stray = f"rm -f {spec.partial_dir}/lib/python3.12/site-packages/build_backend.py"
+    positions = _order(script, write, install, stray, "import_module")
+    assert positions == sorted(positions), script
+
+
 def test_sglang_downloads_no_vllm_kernels():
     spec = eng.spec_for(settings_of(make_inventory(
         group="hopper_x8", group_data={"engine": "sglang", "torch_backend": "cu130"})))
@@ -104,7 +129,7 @@ def test_launch_argv_vllm_cpu_uses_the_module_and_the_yaml_model():
 
 def test_launch_argv_sglang():
     assert eng.launch_argv(SGLANG, "/m/sha", "/c/serve.yaml") == [
-        f"{SGLANG.env_dir}/bin/python", "-m", "sglang.launch_server", "--model-path", "/m/sha",
+        f"{SGLANG.env_dir}/bin/sglang", "serve", "--model-type", "llm", "--model-path", "/m/sha",
         "--config", "/c/serve.yaml"]
     assert eng.config_additions(SGLANG, "/m/sha") == {}
 
@@ -150,6 +175,8 @@ def test_uv_environment():
     assert env["UV_CACHE_DIR"].startswith(layout.OPT_DIR)  # same filesystem as the venvs
     assert env["UV_PYTHON_INSTALL_DIR"].startswith(layout.OPT_DIR)  # not root's home
     assert eng.uv_environment(GPU)["UV_PYTHON_DOWNLOADS"] == "automatic"
+    # checked-hash bytecode: the same .pyc bytes on every install (issue 25)
+    assert env["SOURCE_DATE_EPOCH"] == "0"
 
 
 def _order(script: str, *needles: str) -> list[int]:

@@ -121,3 +121,55 @@ def test_per_architecture_kernel_builds_load_each_in_its_own_process(tmp_path):
     assert done.returncode != 0
     assert "native module sgl_kernel.sm100.common_ops cannot load" in done.stdout
     assert "loaded 1 native modules of sglang, sgl_kernel; 1 failed" in done.stdout
+
+
+def record(site: Path, dist: str, version: str, *paths: str, content: str = "x") -> None:
+    """A distribution that owns ``paths`` (written) according to its RECORD."""
+    info = site / f"{dist}-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    for p in paths:
+        (site / p).parent.mkdir(parents=True, exist_ok=True)
+        (site / p).write_text(content)
+    (info / "RECORD").write_text("".join(f"{p},sha256={content},1\n" for p in paths))
+
+
+def test_a_file_two_distributions_own_fails_the_build(tmp_path):
+    """Issue 25: cuda-python 12.6.2.post1 and cuda-bindings 13.5.0 both wrote cuda/bindings/."""
+    engine_tree(tmp_path)
+    site = tmp_path / "site"
+    record(site, "cuda_bindings", "13.5.0", "cuda/bindings/runtime.py", content="new")
+    assert run(tmp_path, spec()).returncode == 0
+    record(site, "cuda_python", "12.6.2.post1", "cuda/bindings/runtime.py", content="old")
+    done = run(tmp_path, spec())
+    assert done.returncode != 0
+    assert ("file owned by two distributions: cuda/bindings/runtime.py: owned by "
+            "cuda_bindings-13.5.0, cuda_python-12.6.2.post1 (different bytes") in done.stdout
+    assert "1 files of this venv are owned by more than one distribution" in done.stderr
+
+
+def test_a_kernel_package_that_does_not_import_fails_the_build(tmp_path):
+    """The broken venv of issue 25: vLLM's own extensions loaded, `import flashinfer` raised
+    AttributeError (not ImportError) from the old cuda.bindings."""
+    engine_tree(tmp_path)
+    fi = tmp_path / "site" / "flashinfer"
+    fi.mkdir()
+    (fi / "__init__.py").write_text(
+        "raise AttributeError(\"module 'cuda.bindings.runtime' has no attribute 'cudaLibrary_t'\")\n")
+    done = run(tmp_path, spec())
+    assert done.returncode != 0
+    assert "kernel package flashinfer does not import: AttributeError" in done.stdout
+    assert "1 kernel packages of the engine do not import: flashinfer" in done.stderr
+
+
+def test_kernel_packages_are_imported_where_present_and_their_extensions_loaded(tmp_path):
+    engine_tree(tmp_path)
+    cut = tmp_path / "site" / "cutlass"
+    cut.mkdir()
+    (cut / "__init__.py").write_text("")
+    cc(cut / "_ir_C.abi3.so")
+    done = run(tmp_path, spec())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "kernel package cutlass imports" in done.stdout
+    assert "flashinfer" not in done.stdout  # not in this venv: nothing to import
+    assert "loaded 2 native modules of vllm, cutlass; 0 failed" in done.stdout

@@ -7,7 +7,9 @@ on AMD, vLLM 0.34.0's dependency PyPI lacks, a flag the pinned parser does not h
 
 from __future__ import annotations
 
+import ast
 import itertools
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -17,7 +19,7 @@ from gpuserve import engine_pins, recipes
 from gpuserve.cli import main
 from gpuserve.engine_flags import FLAGS, MISSING_ON_PYPI, PYPI_RELEASES, TORCH
 
-from .helpers import make_inventory, problems_of, settings_of
+from .helpers import make_inventory, one_problem, problems_of, settings_of
 
 ROCM_INDEX = {"engine_index": "https://rocm-wheels.example.internal/simple"}
 FLASHINFER_INDEX = {"engine_index": "https://flashinfer-mirror.example.internal/simple"}
@@ -147,3 +149,57 @@ def test_wheelhouse_takes_torch_from_pypi_the_engine_index_or_pytorch():
     cpu = settings_of(make_inventory(group="cpu", group_data={"model_repo": "gpuserve-test/tiny-chat"}))
     assert _torch_index("auto", cpu) == "pytorch"  # 2.13.0+cpu is not on PyPI
     assert _torch_index("none", cpu) is None
+
+
+# --- truthful refusals (issue 25): each piece of advice, applied, makes a plan the plan accepts --
+ADVICE = re.compile(r"set (\w+) = (\[[^\]]*\]|'[^']*')")
+
+
+def advice(problem: str) -> list[dict]:
+    """Every ``set KEY = VALUE`` a refusal offers, as group data."""
+    return [{key: ast.literal_eval(value)} for key, value in ADVICE.findall(problem)]
+
+
+@pytest.mark.parametrize("group,data", [
+    ("blackwell_x4", {"engine_index": None}),                      # vLLM 0.34.0 on PyPI only
+    ("mi355x_x4", {"engine_index": None, "python_version": "3.12"}),  # ROCm, no index
+    ("mi355x_x4", {"engine_index": "https://wheels.vllm.ai/rocm/0.33.0/rocm721",
+                   "python_version": "3.12"}),                      # the index of another release
+    ("mi355x_x4", {"engine_index": "https://wheels.vllm.ai/rocm/0.34.0/rocm721",
+                   "python_version": "3.11"}),                      # ROCm wheels are cp312 only
+])
+def test_every_piece_of_advice_is_accepted_by_the_plan(group, data):
+    problems = problems_of(make_inventory(group=group, group_data=data))
+    offered = [a for p in problems for a in advice(p)]
+    assert offered and len(offered) >= len(problems), problems
+    for setting in offered:
+        assert settings_of(make_inventory(group=group, group_data={**data, **setting})), setting
+    assert "engine = 'sglang'" not in " ".join(problems)  # refused on mi355x_x4 (no SGLang args)
+
+
+def test_the_rocm_example_is_vllms_real_index_for_the_pin():
+    problem = one_problem(make_inventory(group="mi355x_x4", group_data={"engine_index": None}))
+    assert "set engine_index = 'https://wheels.vllm.ai/rocm/0.34.0/rocm721'" in problem
+    assert "gpu.rocm.inc.md" in problem
+
+
+def test_the_tested_flashinfer_override_installs_vllm_0_34_with_uv_overrides():
+    s = settings_of(make_inventory(group="blackwell_x4", group_data={
+        "engine_index": None, "engine_overrides": ["flashinfer-python==0.7.4"]}))
+    spec = eng.spec_for(s)
+    assert spec.overrides == ("flashinfer-python==0.7.4",)
+    assert spec.id_inputs["overrides"] == ["flashinfer-python==0.7.4"]
+    cmd = eng.install_command(spec, "uv", "/p")
+    assert cmd[cmd.index("--overrides") + 1] == "/p/gpuserve-overrides.txt"
+    assert "printf '%s\\n' flashinfer-python==0.7.4 > " in eng.build_script(spec, "uv")
+    # an override of another package does not lift the refusal
+    other = problems_of(make_inventory(group="blackwell_x4", group_data={
+        "engine_index": None, "engine_overrides": ["numpy==2.0.0"]}))
+    assert any("flashinfer-python==0.7.3" in p for p in other), other
+
+
+@pytest.mark.parametrize("value", ["flashinfer-python>=0.7.4", ["flashinfer-python"], [1]])
+def test_engine_overrides_must_be_exact_pins(value):
+    problems = problems_of(make_inventory(group="blackwell_x4", group_data={
+        "engine_index": None, "engine_overrides": value}))
+    assert any("engine_overrides" in p and "name==version" in p for p in problems), problems

@@ -41,11 +41,12 @@ def test_key_patterns_are_exact_and_case_sensitive():
 
 def test_clients_reach_only_the_inference_routes_and_everything_else_is_operator_only():
     locations = _locations(_conf())
-    client = [loc for loc in locations
-              if loc not in ("= /health", "/") and loc not in proxy_conf.MONITOR_ROUTES]
+    client = [loc for loc in locations if loc not in ("= /health", "/", "@gpuserve_minimax_prompt")
+              and loc not in proxy_conf.MONITOR_ROUTES]
     assert [loc for loc, _ in proxy_conf.CLIENT_ROUTES] == client
     for loc in client:
-        assert 'if ($gpuserve_minimax_key = "") {\n            return 401' in locations[loc]
+        assert 'if ($gpuserve_minimax_inference = 401) {\n            return 401' in locations[loc]
+        assert 'if ($gpuserve_minimax_inference = 403) {\n            return 403' in locations[loc]
     for route in ("/scale_elastic_ep", "/docs", "/openapi.json", "/sleep", "/collective_rpc",
                   "/reset_prefix_cache", "/invocations", "/ping", "/v1/chat/completions/batch"):
         assert f"= {route}" not in locations      # falls to location /, the operator block
@@ -55,7 +56,10 @@ def test_clients_reach_only_the_inference_routes_and_everything_else_is_operator
     conf = _conf()
     # every other route: an operator key, whatever the peer; a client key is 403, none 401
     assert ("map $gpuserve_minimax_key $gpuserve_minimax_operator {\n"
-            "    ~^o 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
+            "    ~^o 0;\n    ~^[cs] 403;\n    default 401;\n}\n") in conf
+    # the client routes: a client or operator key; a scrape key (the monitor's) 403
+    assert ("map $gpuserve_minimax_key $gpuserve_minimax_inference {\n"
+            "    ~^[co] 0;\n    ~^s 403;\n    default 401;\n}\n") in conf
     assert "    127.0.0.1/32 1;\n" in conf
 
 
@@ -72,9 +76,54 @@ def test_operator_networks_read_only_the_monitoring_routes_without_a_key():
     conf = _conf()
     # an operator key, or a peer in the operator networks; a client key is 403, none 401
     assert ('map "$gpuserve_minimax_key:$gpuserve_minimax_opnet" $gpuserve_minimax_monitor {\n'
-            "    ~^o 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
+            "    ~^[os] 0;\n    ~:1$ 0;\n    ~^c 403;\n    default 401;\n}\n") in conf
     # the operator networks decide nothing else
     assert conf.count("$gpuserve_minimax_opnet") == 2
+
+
+def test_a_front_without_admin_routes_proxies_only_health_and_the_client_routes():
+    """Issue 26 (1): the gateway's public front passed every other path, with an operator key,
+    to smg's admin API (POST /workers added a rogue worker). With admin_routes=False no key opens
+    anything but /health and the client routes."""
+    conf = _conf(deployment="gateway", admin_routes=False)
+    locations = _locations(conf)
+    assert set(locations) == {"= /health", "/", "@gpuserve_gateway_prompt",
+                              *(loc for loc, _ in proxy_conf.CLIENT_ROUTES)}
+    assert locations["/"].strip().startswith("return 403")
+    assert "proxy_pass" not in locations["/"]
+    # the default keeps the operator routes (the serving hosts' fronts)
+    assert "proxy_pass" in _locations(_conf())["/"]
+
+
+def test_prompt_routes_count_messages_and_hold_a_fair_share_per_key():
+    """Issue 26 (3): 8 concurrent chats of 120,000 one-character messages, inside every limit,
+    stalled everyone's inference. The prompt routes go through limits.js (njs), which refuses
+    more than max_messages, and each key holds at most prompt_conn_per_key of them at once."""
+    conf = _conf(limits=ProxyLimits(max_messages=500, prompt_conn_per_key=3))
+    locations = _locations(conf)
+    prompts = [loc for loc, body in proxy_conf.CLIENT_ROUTES if body == "prompt"]
+    for loc in prompts:
+        block = locations[loc]
+        assert "limit_conn gpuserve_minimax_pconn 3;" in block
+        assert "set $gpuserve_max_messages 500;" in block
+        assert "set $gpuserve_prompt_location @gpuserve_minimax_prompt;" in block
+        assert block.rstrip().endswith("js_content gpuserve_limits.prompt;")
+        assert "client_body_buffer_size 4096k;" in block   # the body in memory, for njs
+        assert "proxy_pass" not in block
+    for loc, body in proxy_conf.CLIENT_ROUTES:
+        if body != "prompt":
+            assert "js_content" not in locations[loc] and "proxy_pass" in locations[loc]
+    named = locations["@gpuserve_minimax_prompt"]
+    assert "proxy_pass http://gpuserve_minimax_engine;" in named
+    assert "include /etc/nginx/gpuserve/minimax.upstream-auth;" in named
+    # counted per client key id (operator keys exempt), like the other per-key limits
+    assert "limit_conn_zone $gpuserve_minimax_client zone=gpuserve_minimax_pconn:1m;" in conf
+    assert f"js_import gpuserve_limits from {proxy_conf.LIMITS_JS};" in proxy_conf.common_conf()
+    js = proxy_conf.LIMITS_JS_TEXT
+    assert "r.internalRedirect(r.variables.gpuserve_prompt_location)" in js
+    assert "r.return(413" in js and "export default {prompt};" in js
+    for name in ("messages", "input", "prompt"):
+        assert f"'{name}'" in js
 
 
 def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():
@@ -86,7 +135,7 @@ def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():
     assert "client_max_body_size 32k;" in locations["= /v1/models"]
     # counted per key id (c1, o1: the map's values), never per raw header
     assert "limit_req_zone $gpuserve_minimax_client zone=gpuserve_minimax_rate:1m rate=7r/s;" in conf
-    assert "map $gpuserve_minimax_key $gpuserve_minimax_client {\n    ~^c $gpuserve_minimax_key;\n" in conf
+    assert "map $gpuserve_minimax_key $gpuserve_minimax_client {\n    ~^c[0-9] $gpuserve_minimax_key;\n" in conf
     assert "limit_req zone=gpuserve_minimax_rate burst=3 nodelay;" in conf
     assert "limit_conn gpuserve_minimax_conn 5;" in conf
     assert "$http_authorization" not in conf.split("map $http_authorization", 1)[1].split("}", 1)[1]
@@ -164,7 +213,7 @@ def test_engine_unit_is_confined_but_keeps_its_gpus():
     for line in ("DevicePolicy=closed", "CapabilityBoundingSet=\n", "NoNewPrivileges=yes",
                  "ProtectSystem=strict", "ProtectKernelTunables=yes", "RestrictNamespaces=yes",
                  "SystemCallFilter=@system-service", "SystemCallArchitectures=native",
-                 "IPAddressDeny=any", "Restart=on-failure", "StartLimitBurst=10"):
+                 "IPAddressDeny=any", "Restart=always", "StartLimitBurst=10"):
         assert line in unit, line
     assert "\nMemoryDenyWriteExecute=" not in unit      # the JITs need W then X memory
     assert "IPAddressDeny" not in _unit([], loopback_only=False)   # a trusted network beyond loopback

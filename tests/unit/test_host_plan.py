@@ -127,7 +127,8 @@ def _stub_layers(monkeypatch, seen: dict):
                           (gpu_stack, ["gpu_stack", "stack_move", "stack_rollback_move"]),
                           (monitoring, ["node_exporter", "monitor"]), (proxy, ["proxy"]),
                           (watchdog, ["watchdog"]), (weights, ["weights"]),
-                          (patch, ["refuse_unfinished_patch"])]:
+                          (patch, ["refuse_unfinished_patch"]),
+                          (rollout_layer, ["hold_writer_lock"])]:
         for name in names:
             monkeypatch.setattr(module, name, none)
     monkeypatch.setattr(gpu_stack, "serving", lambda s: False)
@@ -232,7 +233,7 @@ def test_gpuserve_status_asks_each_host_from_its_plan(monkeypatch):
     monkeypatch.setattr(status, "connect_all", lambda state: [state.activate_host(h) for h in state.inventory])
     monkeypatch.setattr(status, "disconnect_all", lambda state: None)
     got = []
-    monkeypatch.setattr(status, "_host_rows", lambda host, plan: got.append(plan) or [])
+    monkeypatch.setattr(status, "_host_rows", lambda host, plan, *_: got.append(plan) or [])
     status.collect(inv)
     [plan] = got
     assert isinstance(plan, HostPlan) and plan.engine is None and list(plan.deployments) == ["a", "b"]
@@ -272,10 +273,9 @@ def test_the_proxy_layer_reads_the_plans_key_files_and_names_the_setting(tmp_pat
 def test_a_tls_front_gets_the_tls_key_of_its_plan(tmp_path):
     from tests.unit.test_patch_roles import _fleet
 
-    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    for f in (crt, key):
-        f.write_text("x\n")
-        f.chmod(0o600)
+    from tests.unit.helpers import tls_pair
+
+    crt, key = tls_pair(tmp_path)   # a certificate is read as one (it parses and matches its key)
     tls = {"proxy_tls_cert_file": str(crt), "proxy_tls_key_file": str(key)}
     every = validate_inventory(_fleet(tmp_path, gw=tls))
     assert plan_host(every["gw1"]).secret(None, "tls-key") == SecretInstall(

@@ -24,7 +24,6 @@ PENDING = {
     "rollout.py": {"/etc/nginx/gpuserve/", "/var/lib/gpuserve-rollout/lock"},
     "monitoring.py": {"/etc/prometheus", "/var/lib/prometheus/node-exporter"},
     "engine.py": {"/run/lock", "/var/log/gpuserve"},
-    "engine_guard.py": {"/etc/gpuserve/engine-guard.nft", "/etc/systemd/system/"},
     "proxy_conf.py": {"/etc/nginx/gpuserve", "/etc/nginx/conf.d/000-gpuserve-common.conf",
                       "/etc/nginx/conf.d/gpuserve-common.conf"},
     "gateway.py": {"/etc/nginx/conf.d/gpuserve-gateway.conf"},

@@ -29,17 +29,21 @@ def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def fleet_inventory(tmp_path: Path, extra_monitor: dict | None = None) -> Inventory:
+def fleet_inventory(tmp_path: Path, extra_monitor: dict | None = None, scrape: bool = True) -> Inventory:
     op = tmp_path / "operator-keys"
     op.write_text("operator-key-0123456789abcdef\n")
     op.chmod(0o600)
     keys = tmp_path / "api-keys"
     keys.write_text("client-key-0123456789abcdef\n")
     keys.chmod(0o600)
+    scrape_file = tmp_path / "scrape-keys"
+    scrape_file.write_text("scrape-key-0123456789abcdef\n")
+    scrape_file.chmod(0o600)
     return Inventory(
         ([("gpu-1", {"ssh_hostname": "10.0.0.11"}), ("cpu-1", {}), ("mon-1", {})], {}),
         hopper_x8=(["gpu-1"], {**HARDWARE["hopper_x8"], "proxy": True, "dcgm": True,
-                               "api_keys_file": str(keys), "operator_keys_file": str(op)}),
+                               "api_keys_file": str(keys), "operator_keys_file": str(op),
+                               **({"scrape_keys_file": str(scrape_file)} if scrape else {})}),
         cpu=(["cpu-1"], {**HARDWARE["cpu"], "trusted_network": True, "serve_host": "0.0.0.0"}),
         monitor=(["mon-1"], dict(extra_monitor or {})),
         fleet=(["gpu-1", "cpu-1", "mon-1"], {"model_revision": SHA}),
@@ -75,10 +79,23 @@ def test_the_scrape_plan_follows_the_inventory(tmp_path):
     assert all(n.operator_key_file is None and n.ca_file is None for n in plan.nodes)
 
 
+def test_the_monitor_scrapes_with_a_scrape_key_never_an_operator_key(tmp_path):
+    """Issue 26 (1): the monitor held the deployment's full operator key as its scrape
+    credential. It scrapes with the scrape key; without one it holds no key at all."""
+    settings = validate_inventory(fleet_inventory(tmp_path))
+    gpu = settings["gpu-1"].deployments[0]
+    assert gpu.scrape_keys_file == str(tmp_path / "scrape-keys")
+    assert monitoring.plan_targets(settings, {}).engines[0].operator_key_file
+    settings = validate_inventory(fleet_inventory(tmp_path, scrape=False))
+    assert settings["gpu-1"].deployments[0].operator_keys_file   # still has operator keys
+    gpu_target = next(t for t in monitoring.plan_targets(settings, {}).engines if t.host == "gpu-1")
+    assert gpu_target.operator_key_file is None
+
+
 def test_an_engine_on_loopback_without_proxy_is_not_scraped_and_says_why():
     why = monitoring.engine_target("h", "h", "d", proxy=False, trusted_network=False,
                                    proxy_port=8443, serve_host="127.0.0.1", serve_port=8000,
-                                   has_operator_key=False, has_cert_file=False)
+                                   has_scrape_key=False, has_cert_file=False)
     assert isinstance(why, str) and "proxy = True" in why
 
 

@@ -170,3 +170,57 @@ def test_a_sudo_login_passes_the_plan():
     from gpuserve.config import validate_inventory
 
     validate_inventory(make_inventory(host_data={"ssh_user": "deploy", "_sudo": True}))
+
+
+# -- credentials through sudo (issue 29: encrypted at rest, plaintext only in tmpfs) ------------
+
+class CredHost(OpHost):
+    def get_fact(self, cls, **kwargs):
+        self.asked.append((cls, kwargs))
+        if cls is secrets_ops.CredentialState:
+            return ("", False)
+        return "ops" if cls.__name__ == "User" else None
+
+
+def _credential_commands(global_args: dict) -> tuple[OpHost, list]:
+    h = CredHost(global_args)
+    with ctx_host.use(h):
+        commands = list(secrets_ops.credential_file._inner(
+            content=SECRET, dest="/etc/gpuserve/nginx/x.keys", cred_name="x.keys"))
+    for c in commands:
+        if isinstance(c, StringCommand):
+            assert SECRET not in c.get_raw_value()
+    return h, commands
+
+
+def test_a_credential_never_touches_a_disk_on_its_way_up():
+    h, commands = _credential_commands({"_sudo": True})
+    upload = next(c for c in commands if isinstance(c, FileUploadCommand))
+    # the login user's copy in /dev/shm, root's in /run: both tmpfs
+    assert upload.remote_temp_filename == "/dev/shm/.gpuserve-upload-ops/x.keys.upload"
+    assert upload.dest == f"{secrets_ops.RUN_STAGING}/x.keys.upload"
+    last = commands[-1].get_raw_value()
+    assert "systemd-creds encrypt --name=x.keys /run/gpuserve/.staging/x.keys.upload " \
+           "/etc/gpuserve/nginx/x.keys.cred.new" in last
+    assert "shred -u /etc/gpuserve/nginx/x.keys" in last   # an old plaintext file goes
+    assert last.endswith("ln -sfn /run/gpuserve/secrets/x.keys /etc/gpuserve/nginx/x.keys")
+
+
+def test_an_up_to_date_credential_is_a_noop():
+    import hashlib
+
+    class Same(CredHost):
+        def get_fact(self, cls, **kwargs):
+            return (hashlib.sha256(SECRET.encode()).hexdigest(), True)
+
+        def noop(self, message):
+            self.noted = message
+
+    h = Same({})
+    with ctx_host.use(h):
+        assert list(secrets_ops.credential_file._inner(
+            content=SECRET, dest="/etc/gpuserve/nginx/x.keys", cred_name="x.keys")) == []
+    assert h.noted == "credential /etc/gpuserve/nginx/x.keys.cred is up to date"
+    fact = secrets_ops.CredentialState()
+    assert fact.process(["none no"]) == ("", False)
+    assert fact.process(["ab12 yes"]) == ("ab12", True)

@@ -69,7 +69,7 @@ def test_profile_sglang():
     result = plan("--profile", "hopper_x8", "--format", "argv", "--data", "engine=sglang",
                   "--data", "torch_backend=cu130")
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("python -m sglang.launch_server --model-path "
+    assert result.stdout.startswith("sglang serve --model-type llm --model-path "
                                     "MiniMaxAI/MiniMax-M3.1-Flash --tp-size 8")
 
 

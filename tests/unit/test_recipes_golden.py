@@ -187,16 +187,16 @@ def test_amd_recipe_is_the_derived_table():
 
 
 @pytest.mark.parametrize("recipe, expected", [
-    ("hopper_x8", ["python", "-m", "sglang.launch_server", "--model-path", "MiniMaxAI/MiniMax-M3.1-Flash",
+    ("hopper_x8", ["sglang", "serve", "--model-type", "llm", "--model-path", "MiniMaxAI/MiniMax-M3.1-Flash",
                    "--tp-size", "8", "--reasoning-parser", "minimax-m3",
                    "--tool-call-parser", "minimax-m3", "--page-size", "128",
                    "--moe-runner-backend", "marlin", "--context-length", "32768",
                    "--max-running-requests", "4"]),
-    ("blackwell_x4", ["python", "-m", "sglang.launch_server", "--model-path", "MiniMaxAI/MiniMax-M3.1-Flash",
+    ("blackwell_x4", ["sglang", "serve", "--model-type", "llm", "--model-path", "MiniMaxAI/MiniMax-M3.1-Flash",
                       "--tp-size", "4", "--reasoning-parser", "minimax-m3", "--page-size", "128",
                       "--kv-cache-dtype", "fp8_e4m3", "--speculative-algorithm", "DSPARK",
                       "--speculative-dspark-block-size", "7", "--context-length", "32768",
-                      "--max-running-requests", "4"]),
+                      "--max-running-requests", "4", "--chunked-prefill-size", "8192"]),
 ])
 def test_sglang_launch_args(recipe, expected):
     inv = make_inventory(group=recipe, fleet={"model_revision": SHA, "engine": "sglang",

@@ -202,15 +202,65 @@ def test_a_host_that_fails_after_its_change_stays_out_with_its_engine_stopped(se
     assert f"rm -f {stack.STACK_MOVING}" not in h.ran     # the next plan resumes the move
 
 
-def test_a_refused_reboot_leaves_the_host_out(settings, host_state, tmp_path):
+class Fresh(Host):
+    """A host no earlier move left out of rotation; ``df`` answers ``free_kib`` free."""
+
+    def __init__(self, free_kib=50_000_000):
+        super().__init__()
+        self.free_kib = free_kib
+
+    def run_shell_command(self, command, _sudo=False, _timeout=None):
+        text = str(command.bits[0]) if hasattr(command, "bits") else str(command)
+        if text == f"test -e {stack.STACK_MOVING}":
+            self.ran.append(text)
+            return False, SimpleNamespace(stdout="", stderr="", output="", stdout_lines=[])
+        if text == stack.FREE_SPACE_COMMAND:
+            self.ran.append(text)
+            out = ("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                   f"/dev/root 100000000 1 {self.free_kib} 1% /\n")
+            return True, SimpleNamespace(stdout=out, stderr="", output=out, stdout_lines=out.splitlines())
+        return super().run_shell_command(command, _sudo, _timeout)
+
+
+def test_a_move_that_needs_a_refused_reboot_is_refused_before_the_host_leaves_rotation(settings, host_state):
     s = settings_of(make_inventory(host_data={
         "proxy": True, "api_keys_file": settings.deployments[0].api_keys_file, "drain_s": 0,
         "reboot": "never", "nvidia_driver_version": NEW}))
-    h = Host()
+    h = Fresh()
     _apt_install(h, host_state)
-    with pytest.raises(MoveFailed, match="failed at reboot: .*may not be rebooted"):
+    with pytest.raises(MoveFailed, match=f"refused before the host left rotation: loading kernel module "
+                                         f"{NEW} .loaded now: {OLD}. needs a reboot .*reboot: never.*"
+                                         "serves on its old stack"):
         layer.move_stack(h, _move(s), s)
-    assert "reboot" not in _steps(h) and "start" not in _steps(h)
+    assert _steps(h) == []     # never out, never stopped, nothing installed
+    assert f"touch {stack.STACK_MOVING}" not in " ".join(h.ran)
+
+
+def test_a_move_without_the_free_disk_it_needs_is_refused_before_the_host_leaves_rotation(settings,
+                                                                                        host_state):
+    h = Fresh(free_kib=(layer.STACK_FREE_MIB - 1) * 1024)
+    with pytest.raises(MoveFailed, match=f"refused before the host left rotation: {layer.STACK_FREE_MIB - 1} "
+                                         "MiB free"):
+        layer.move_stack(h, _move(settings), settings)
+    assert _steps(h) == []
+    enough = Fresh()
+    _apt_install(enough, host_state)
+    layer.move_stack(enough, _move(settings), settings)
+    assert _steps(enough)[:4] == ["out", "stop", "unhold", "install"]
+
+
+def test_free_mib_reads_the_least_free_filesystem():
+    out = ("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+           "/dev/a 10 1 4096 1% /var\n/dev/b 10 1 1048576 1% /usr\n")
+    assert stack.free_mib(out) == 4 and stack.free_mib("garbage") is None
+
+
+def test_reboot_needed_compares_the_target_module_with_the_loaded_one(settings):
+    t = stack.target(settings.stack, "debian12")
+    assert stack.reboot_needed(t, "nvidia", NEW) == ""
+    assert stack.reboot_needed(t, "nvidia", OLD) == f"loading kernel module {NEW} (loaded now: {OLD})"
+    assert "loaded now: none" in stack.reboot_needed(t, "nvidia", None)
+    assert stack.reboot_needed(t, "amd", OLD) == ""
 
 
 def test_a_downgrade_takes_the_drivers_other_packages_along():
@@ -239,13 +289,13 @@ def test_a_failure_before_any_package_changed_serves_the_old_stack_again_unless_
                                               stdout_lines=[])
             return super().run_shell_command(command, _sudo, _timeout)
     h = MirrorDown()
-    if resuming:
+    if resuming:   # an earlier move left it out with its stack changed: it stays out
         with pytest.raises(MoveFailed, match="(?s)failed at change: .*Could not resolve mirror.*stays out"):
             layer.move_stack(h, _move(settings), settings)
         assert "start" not in _steps(h) and "in" not in _steps(h)
     else:
         with pytest.raises(MoveFailed, match="(?s)Could not resolve mirror.*nothing was installed; the host "
-                                             "serves its old stack again"):
+                                             "serves on its old stack"):
             layer.move_stack(h, _move(settings), settings)
-        assert _steps(h) == ["out", "stop", "start", "in"]
-        assert f"rm -f {stack.STACK_MOVING}" in h.ran
+        assert _steps(h) == []   # checked before the host left rotation: it never stopped serving
+        assert f"touch {stack.STACK_MOVING}" not in " ".join(h.ran)

@@ -31,7 +31,7 @@ def fleet(monkeypatch):
 def test_hosts_are_asked_at_the_same_time_and_reported_in_inventory_order(fleet, monkeypatch):
     in_flight, most = [0], [0]
 
-    def rows(host, settings):
+    def rows(host, settings, *_):
         in_flight[0] += 1
         most[0] = max(most[0], in_flight[0])
         gevent.sleep(0.05)                 # a fact round trip: yields to the other hosts
@@ -46,7 +46,7 @@ def test_hosts_are_asked_at_the_same_time_and_reported_in_inventory_order(fleet,
 
 
 def test_a_host_that_does_not_answer_in_time_is_its_own_row(fleet, monkeypatch):
-    def rows(host, settings):
+    def rows(host, settings, *_):
         if host.name == "h2":
             gevent.sleep(30)               # hangs: never answers within the bound
         if host.name == "h4":
@@ -62,6 +62,6 @@ def test_a_host_that_does_not_answer_in_time_is_its_own_row(fleet, monkeypatch):
 
 def test_limit_asks_only_the_hosts_it_names(fleet, monkeypatch):
     asked = []
-    monkeypatch.setattr(status, "_host_rows", lambda host, s: asked.append(host.name) or [])
+    monkeypatch.setattr(status, "_host_rows", lambda host, s, *_: asked.append(host.name) or [])
     status.collect(fleet, limit=["h5", "h1"])
     assert sorted(asked) == ["h1", "h5"]

@@ -200,3 +200,20 @@ def test_a_hanging_probe_fails_after_its_timeout_without_blocking_the_loop():
         assert prober.poll(1.0) == (None, False)     # its late result does not count twice
     finally:
         server.close()
+
+
+def test_a_failed_unit_systemd_gave_up_on_is_restarted_and_a_stopped_one_is_left_alone():
+    """Issue 26 (2): after kill -9 of the engine core the watchdog only logged "the engine is not
+    up" for 300 s. A failed unit (systemd past its start limit) is restarted, within
+    max_restarts; a unit stopped on purpose (inactive, not failed) is not."""
+    state = wd.State()
+    stopped = run(state, [obs(t, unit_active=False, healthy=False, active=None, tokens=None)
+                          for t in range(0, 300, 5)])
+    assert {a for a, _ in stopped} == {"wait"}
+    failed = run(state, [obs(t, unit_active=False, healthy=False, active=None, tokens=None,
+                             unit_failed=True) for t in (300, 305, 310)])
+    assert [a for a, _ in failed] == ["restart", "restart", "give_up"]   # max_restarts = 2
+    assert "systemd does not restart it" in failed[0][1]
+    held = wd.State()
+    assert wd.decide(S, held, obs(0, unit_active=False, healthy=False, unit_failed=True,
+                                  rollout_lock=True))[0] == "hold"

@@ -31,8 +31,8 @@ def test_values_are_taken():
     ({"weights_fanout": "peers"}, "weights_fanout", "use one of control-node, hub"),
     ({"weights_verify": "never"}, "weights_verify", "use one of changed, full"),
     ({"weights_cache": ""}, "weights_cache", "not a directory path on the control node"),
-    ({"weights_bwlimit_kib": 0}, "weights_bwlimit_kib", "use an integer >= 1"),
-    ({"weights_bwlimit_kib": "fast"}, "weights_bwlimit_kib", "use an integer >= 1"),
+    ({"weights_bwlimit_kib": 0}, "weights_bwlimit_kib", "use an integer 1..12500000"),
+    ({"weights_bwlimit_kib": "fast"}, "weights_bwlimit_kib", "use an integer 1..12500000"),
     ({"weights_fanout": "hub", "model_source": "local", "model_local_path": "/x"}, "weights_fanout",
      "model_source 'local' (host data) needs 'control-node'"),
 ])

@@ -96,3 +96,23 @@ def test_target_args_native_or_cross():
     cross = wh.target_args("3.12" if here != "3.12" else "3.13", "aarch64")
     assert cross[:4] == ["--python-version", cross[1], "--implementation", "cp"]
     assert "manylinux_2_31_aarch64" in cross and "manylinux2014_aarch64" in cross
+
+
+def test_build_set_downloads_with_the_engines_constraints(tmp_path, monkeypatch):
+    """The set must hold what the host's constrained uv install picks (engine.CONSTRAINTS)."""
+    calls = []
+
+    def fake_download(requirements, dest, extra_args, quiet=False):
+        calls.append((requirements, extra_args))
+        if requirements[0].startswith("uv=="):
+            (dest / "uv-0.13.9-py3-none-manylinux_2_17_x86_64.whl").write_bytes(b"uv")
+        else:
+            (dest / "vllm-0.33.0-cp38-abi3-manylinux_2_31_x86_64.whl").write_bytes(b"v")
+
+    monkeypatch.setattr(wh, "_pip_download", fake_download)
+    ws = wh.build_set(tmp_path, "vllm", "0.33.0", "3.12", "cu130", "x86_64", "0.13.9",
+                      torch_index=None, constraints=("cuda-python>=12.8",))
+    _, args = calls[-1]
+    cfile = args[args.index("--constraint") + 1]
+    assert open(cfile).read() == "cuda-python>=12.8\n"
+    assert ws.manifest["constraints"] == ["cuda-python>=12.8"]
