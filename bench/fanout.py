@@ -226,19 +226,23 @@ def fresh_host(f, tmp: Path, gib: float, dead: str | None) -> dict:
 
     Path(FRESH_LOG).write_text("".join(lines))
 
-    def first(prefix: str) -> float:
-        found = [t for t, name in marks if name.startswith(prefix)]
-        if not found:
-            raise SystemExit(f"no operation of {prefix!r} in the run's output ({FRESH_LOG}); "
-                             f"operations seen: {[name for _, name in marks][:40]}")
-        return found[0]
+    def first(prefix: str) -> float | None:
+        """When the run started the first operation of a deploy layer (pyinfra names an operation
+        "<deploy> | <operation>")."""
+        found = [t for t, name in marks if name.split(" | ", 1)[0] == prefix]
+        return found[0] if found else None
 
-    gpu0, eng0, wait0, svc0 = first("GPU stack"), first("Engine"), first("Weights fan-out: wait"), first("Service")
+    eng0, wait0, svc0 = first("Engine"), first("Weights fan-out: wait"), first("Service")
+    if None in (eng0, wait0, svc0):
+        raise SystemExit(f"the run's output ({FRESH_LOG}) lacks a step; operations seen: "
+                         f"{sorted({name.split(' | ', 1)[0] for _, name in marks})}")
+    gpu0 = first("GPU stack")   # None: the host's recipe has no GPU stack to install (cpu)
     copy = max(e["t1"] for e in doc["events"]) - doc["started"]
-    steps = {"GPU stack": eng0 - gpu0, "engine venv": wait0 - eng0, "weights copy (host unit)": copy,
-             "weights wait (after the venv)": svc0 - wait0, "unit, start and ready": wall - svc0}
+    steps = {"GPU stack": eng0 - gpu0 if gpu0 is not None else 0.0, "engine venv": wait0 - eng0,
+             "weights copy (host unit)": copy, "weights wait (after the venv)": svc0 - wait0,
+             "unit, start, ready and proxy": wall - svc0}
     return {"host": host.name, "wall": wall, "steps": steps, "copy": copy,
-            "serial": steps["GPU stack"] + steps["engine venv"] + copy + steps["unit, start and ready"],
+            "serial": steps["GPU stack"] + steps["engine venv"] + copy + steps["unit, start, ready and proxy"],
             "bytes": sum(p.stat().st_size for p in src.rglob("*") if p.is_file())}
 
 
@@ -348,7 +352,7 @@ def main() -> None:
             finally:
                 network.unshape(f.sandbox.instance, live)
             longest = max(fr["steps"]["GPU stack"], fr["steps"]["engine venv"], fr["copy"],
-                          fr["steps"]["unit, start and ready"])
+                          fr["steps"]["unit, start, ready and proxy"])
             table(f"Fresh host {fr['host']}: deploys/serve.py with the copy overlapped "
                   f"({fr['bytes'] / 2**30:.2f} GiB, links {args.rate_mbit:g} Mbit/s)",
                   [(name, f"{sec:.0f} s", "") for name, sec in fr["steps"].items()] + [
