@@ -130,7 +130,8 @@ def test_gpu_recipe_plans_the_kernel_download(sandbox, host):
     # cu130 is PyPI's torch 2.14.0 build: no --torch-backend (torch_backend_arg False)
     gpu = eng.EngineSpec(engine="vllm", package="vllm", version="0.33.0", python="3.12",
                          torch_backend="cu130", python_downloads="automatic", excludes=(),
-                         kernels=True, uv_version=eng.UV_VERSION, torch_backend_arg=False)
+                         kernels=True, uv_version=eng.UV_VERSION, torch_backend_arg=False,
+                         constraints=eng.default_constraints("vllm"))   # cuda-python>=12.8
     planned = proc.stdout + proc.stderr
     assert (f"Engine venv {gpu.id} (uv venv, uv pip install, vllm download-kernels, "
             "verify, rename)") in planned
