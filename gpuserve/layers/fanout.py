@@ -88,6 +88,19 @@ class Fleet:
 _fleets: dict[tuple[int, str, str], Fleet] = {}
 
 
+def fanout_unit_vars(label: str, repo_dir: str) -> dict[str, str]:
+    """The variables of the fan-out fetch unit (gpuserve-weights-fetch.service.j2): pure."""
+    return dict(label=label, agent=f"{layout.AGENT_DIR}/fanout_agent.py", job=layout.FANOUT_JOB,
+                repo_dir=repo_dir)
+
+
+def fanout_unit(label: str, repo_dir: str) -> str:
+    """The fan-out fetch unit (gpuserve-weights-fetch.service), as fanout_start writes it."""
+    from pyinfra.api.util import get_template
+    return get_template(str(TEMPLATES / "gpuserve-weights-fetch.service.j2")).render(
+        fanout_unit_vars(label, repo_dir))
+
+
 def address_of(name: str, s: HostSettings) -> str:
     """Where the other hosts reach this host's sshd for weights."""
     data = ctx_state.get().inventory.get_host(name).data
@@ -388,9 +401,8 @@ def fanout_start(settings: HostSettings) -> None:
                     dest=layout.FANOUT_JOB, user="root", group="root", mode="600")
     unit = files.template(name=f"Fan-out unit {layout.FANOUT_UNIT}",
                           src=str(TEMPLATES / "gpuserve-weights-fetch.service.j2"),
-                          dest=layout.systemd_unit_path(layout.FANOUT_UNIT), label=target.label,
-                          agent=f"{layout.AGENT_DIR}/fanout_agent.py", job=layout.FANOUT_JOB,
-                          repo_dir=target.repo_dir, user="root", group="root", mode="644")
+                          dest=layout.systemd_unit_path(layout.FANOUT_UNIT), user="root", group="root",
+                          mode="644", **fanout_unit_vars(target.label, target.repo_dir))
     systemd.daemon_reload(name="systemd: reload units (fan-out)", _if=unit.did_change)
     begin(name=f"Start fetching {target.label}", target=target,
           restart=bool(job.will_change or unit.will_change))

@@ -41,6 +41,34 @@ def unit_path(deployment: str) -> str:
     return layout.unit_path(deployment)
 
 
+def engine_unit_vars(plan: HostPlan, dep: DeploymentSettings) -> dict:
+    """The variables of one deployment's systemd unit (gpuserve.service.j2): pure, from the plan."""
+    settings, where, name = plan.settings, plan.deployment(dep.name), dep.name
+    serve = plan.serve_configs[name]
+    return dict(
+        deployment=name, engine=serve.engine, deployment_dir=where.deployment_dir,
+        current=where.current_link, secrets_env=where.secrets_env,
+        user_name=layout.SERVICE_USER, group_name=layout.SERVICE_GROUP, home=layout.SERVICE_HOME,
+        cache=where.cache_dir,
+        start_timeout_s=dep.ready_timeout_s, stop_timeout_s=dep.shutdown_timeout_s + STOP_MARGIN_S,
+        devices=_devices(settings), supplementary_groups=_groups(settings), after=_after(settings),
+        # GPU engines with several ranks reach each other (NCCL/gloo bootstrap) on the host's
+        # own address, not loopback: the address filter is for engines without GPUs only
+        loopback_only=is_loopback(dep.serve_host) and not serve.gpus,
+        guard=engine_guard.UNIT, listeners=listeners_path(where.deployment_dir),
+    )
+
+
+def engine_unit(plan: HostPlan, dep: DeploymentSettings) -> str:
+    """One deployment's systemd unit, as the service layer writes it."""
+    from pyinfra.api.util import get_template
+    return get_template(str(TEMPLATES / "gpuserve.service.j2")).render(engine_unit_vars(plan, dep))
+
+
+def listeners_path(deployment_dir: str) -> str:
+    return f"{deployment_dir}/listeners.nft"
+
+
 def _secrets_content(plan: HostPlan, name: str) -> str | None:
     """The engine's secrets env, or None when it must be generated on the host (behind the proxy):
     as the plan's engine-key secret says (gpuserve.host_plan)."""
@@ -108,29 +136,18 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
                                      dest=secrets_path)
     changed_secrets = op.will_change
 
-    listeners_path = f"{where.deployment_dir}/listeners.nft"
+    listeners_file = listeners_path(where.deployment_dir)
     listeners = files.put(
         name=f"{name}: listener guard (only root and {layout.SERVICE_USER} open the engine's other ports)",
         src=StringIO(engine_guard.listeners_ruleset(name, where.unit, dep.serve_port,
                                                     ("root", layout.SERVICE_USER))),
-        dest=listeners_path, user="root", group="root", mode="644")
+        dest=listeners_file, user="root", group="root", mode="644")
     server.shell(name=f"{name}: listener guard loaded for the running engine",
-                 commands=[f"if systemctl is-active -q {where.unit}; then nft -f {listeners_path}; fi"],
+                 commands=[f"if systemctl is-active -q {where.unit}; then nft -f {listeners_file}; fi"],
                  _if=listeners.did_change)
     unit = files.template(
         name=f"{name}: systemd unit", src=str(TEMPLATES / "gpuserve.service.j2"), dest=unit_path(name),
-        user="root", group="root", mode="644",
-        deployment=name, engine=serve.engine, deployment_dir=where.deployment_dir,
-        current=where.current_link, secrets_env=secrets_path,
-        user_name=layout.SERVICE_USER, group_name=layout.SERVICE_GROUP, home=layout.SERVICE_HOME,
-        cache=where.cache_dir,
-        start_timeout_s=dep.ready_timeout_s, stop_timeout_s=dep.shutdown_timeout_s + STOP_MARGIN_S,
-        devices=_devices(settings), supplementary_groups=_groups(settings), after=_after(settings),
-        # GPU engines with several ranks reach each other (NCCL/gloo bootstrap) on the host's
-        # own address, not loopback: the address filter is for engines without GPUs only
-        loopback_only=is_loopback(dep.serve_host) and not serve.gpus,
-        guard=engine_guard.UNIT, listeners=listeners_path,
-    )
+        user="root", group="root", mode="644", **engine_unit_vars(plan, dep))
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
     systemd.service(name=f"{name}: unit enabled at boot", service=where.unit,
                     running=None, enabled=True)
