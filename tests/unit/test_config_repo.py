@@ -94,7 +94,7 @@ def test_the_gpuserve_wheel_holds_the_product_with_its_files_and_no_sandbox(whee
     wheel; nothing of the sandbox is, and gpuserve adds no command of its own through entry points."""
     names = set(wheels["gpuserve"].namelist())
     want = {*_files("gpuserve"), *("gpuserve/deploys/" + n.split("/", 1)[1] for n in _files("deploys"))}
-    assert {"gpuserve/templates/gpuserve.service.j2", "gpuserve/templates/grafana/host.json",
+    assert {"gpuserve/templates/gpuserve.service.j2", "gpuserve/dashboards/host.json",
             "gpuserve/files/gpuserve-gate", "gpuserve/files/gpuserve-watchdog", "gpuserve/deploys/serve.py"} <= want
     assert want - names == set()
     assert [n for n in names if "sandbox" in n.split("/")[0]] == []
