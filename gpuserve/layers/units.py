@@ -22,7 +22,7 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import apt, files, server, systemd
 
-from gpuserve import api_keys, engine_guard, layout, rollout
+from gpuserve import api_keys, engine_guard, layout, rollout, templating
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
@@ -34,7 +34,6 @@ from gpuserve.values import is_loopback
 from gpuserve.release_files import GATE, STOP_MARGIN_S, gate_command, tools_enabled
 
 GATE_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-gate"
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"   # inside the package: a wheel ships it
 
 
 def unit_path(deployment: str) -> str:
@@ -60,9 +59,8 @@ def engine_unit_vars(plan: HostPlan, dep: DeploymentSettings) -> dict:
 
 
 def engine_unit(plan: HostPlan, dep: DeploymentSettings) -> str:
-    """One deployment's systemd unit, as the service layer writes it."""
-    from pyinfra.api.util import get_template
-    return get_template(str(TEMPLATES / "gpuserve.service.j2")).render(engine_unit_vars(plan, dep))
+    """One deployment's systemd unit (templates/gpuserve.service.j2), as the service layer writes it."""
+    return templating.render("gpuserve.service.j2", **engine_unit_vars(plan, dep))
 
 
 def listeners_path(deployment_dir: str) -> str:
@@ -145,9 +143,8 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
     server.shell(name=f"{name}: listener guard loaded for the running engine",
                  commands=[f"if systemctl is-active -q {where.unit}; then nft -f {listeners_file}; fi"],
                  _if=listeners.did_change)
-    unit = files.template(
-        name=f"{name}: systemd unit", src=str(TEMPLATES / "gpuserve.service.j2"), dest=unit_path(name),
-        user="root", group="root", mode="644", **engine_unit_vars(plan, dep))
+    unit = files.put(name=f"{name}: systemd unit", src=StringIO(engine_unit(plan, dep)), dest=unit_path(name),
+                     user="root", group="root", mode="644")
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
     systemd.service(name=f"{name}: unit enabled at boot", service=where.unit,
                     running=None, enabled=True)

@@ -136,7 +136,7 @@ def test_decommission_is_refused_naming_every_host_without_the_opt_in():
 
 
 def test_the_unit_marker_is_the_templates_first_line():
-    from gpuserve.layers.units import TEMPLATES
+    from gpuserve.templating import TEMPLATES
     first = (TEMPLATES / "gpuserve.service.j2").read_text().splitlines()[0]
     assert first == removal.UNIT_MARKER
 
