@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from gpuserve import templating
+
 KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 MAX_KEY_LEN = 200
 NGINX_DIR = "/etc/nginx/gpuserve"
@@ -435,46 +437,5 @@ _CLEAR_LEFTOVERS = (
     "sleep 0.1; done; "
     "done; exit 0"
 )
-NGINX_DROPIN = """\
-# Managed by gpuserve (pyinfra): nginx comes back after a crash (Debian's unit has Restart=no),
-# and runs confined. The master (root) reads the keys, binds, and starts workers as www-data.
-[Unit]
-StartLimitIntervalSec=600
-StartLimitBurst=20
-
-[Service]
-Restart=on-failure
-RestartSec=2
-# After kill -9 of the master, systemd kills the workers left in the unit's cgroup. Where that
-# fails (it stops at the first process it cannot see, one of another PID namespace sharing the
-# cgroup: "Failed to kill control group ... Input/output error"), the orphaned workers kept the
-# port and kept serving, and every restart failed to bind (issue 26). Before each start, every
-# nginx process still in this unit's cgroup is killed, and the start waits until it is gone.
-ExecStartPre=/bin/sh -c '%s'
-CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL CAP_DAC_OVERRIDE
-NoNewPrivileges=yes
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectSystem=strict
-ReadWritePaths=/var/log/nginx /var/lib/nginx /run
-ProtectHome=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-ProtectProc=invisible
-ProcSubset=pid
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallFilter=~@resources @mount @debug @cpu-emulation @obsolete
-SystemCallErrorNumber=EPERM
-UMask=0027
-""" % _CLEAR_LEFTOVERS
+# nginx's drop-in (templates/dropin-nginx.conf.j2): back after a crash, confined
+NGINX_DROPIN = templating.render("dropin-nginx.conf.j2", clear_leftovers=_CLEAR_LEFTOVERS)

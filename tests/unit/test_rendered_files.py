@@ -164,3 +164,25 @@ def test_the_cases_cover_every_variant():
                for t in engine.values())                                            # CPU, trusted network
     assert any("SupplementaryGroups=render video" in t for t in engine.values())
     assert sum(n.startswith("engine/hopper-two/") for n in engine) == 2
+
+
+def test_the_hardening_block_is_written_once_and_every_unit_includes_it():
+    """Issue 28: the confinement lines were copied into five modules and two templates. Now
+    templates/_hardening.j2 holds them and every unit and confining drop-in includes it; no module
+    of the package and no other template spells them again."""
+    from gpuserve import templating
+
+    shared = ("ProtectKernelTunables=", "ProtectKernelLogs=", "ProtectControlGroups=", "RestrictNamespaces=",
+              "RestrictSUIDSGID=", "SystemCallFilter=", "SystemCallArchitectures=", "RestrictAddressFamilies=")
+    package = Path(templating.__file__).resolve().parent
+    spelled = {p.name for p in [*package.rglob("*.py"), *templating.TEMPLATES.glob("*.j2")]
+               if any(line in p.read_text() for line in shared)}
+    assert spelled == {"_hardening.j2"}
+    units = sorted(p.name for p in templating.TEMPLATES.glob("*.service.j2"))
+    assert len(units) == 5, units
+    for name in [*units, "dropin-nginx.conf.j2"]:
+        assert '{% import "_hardening.j2" as hardening -%}' in (templating.TEMPLATES / name).read_text(), name
+    # and what they render holds it: every unit of the recorded set is confined
+    for name, text in rendered().items():
+        if name.endswith(".service"):
+            assert "ProtectKernelTunables=yes\nProtectKernelModules=yes\n" in text, name
