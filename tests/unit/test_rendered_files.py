@@ -167,9 +167,10 @@ def test_the_cases_cover_every_variant():
 
 
 def test_the_hardening_block_is_written_once_and_every_unit_includes_it():
-    """Issue 28: the confinement lines were copied into five modules and two templates. Now
-    templates/_hardening.j2 holds them and every unit and confining drop-in includes it; no module
-    of the package and no other template spells them again."""
+    """Issue 28: the confinement lines were copied into four modules (engine_guard, layers/watchdog,
+    gateway, proxy_conf) and two templates. Now templates/_hardening.j2 holds them and every unit
+    and confining drop-in includes it; no module of the package and no other template spells
+    them again."""
     from gpuserve import templating
 
     shared = ("ProtectKernelTunables=", "ProtectKernelLogs=", "ProtectControlGroups=", "RestrictNamespaces=",
