@@ -19,6 +19,7 @@ Settings and plans (pure: no host access)
     packages        facts about engine packages by name
     layout          where things live on a served host (paths, unit names, the service user)
 What goes onto hosts, rendered on the control node (pure)
+    templating      the Jinja2 templates (the top-level templates/): a unit, drop-in or site by name
     engine          the engine's venv: its id, the uv commands that build it, how the unit starts it
     venv_files      which distribution owns which file of a venv (the engine build fails on a clash)
     release_files   a deployment's release as files (serve.yaml, launch, the readiness gate's command)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from gpuserve import layout
+from gpuserve import layout, templating
 
 TABLE = "gpuserve"
 RULES_PATH = layout.ENGINE_GUARD_RULES
@@ -115,52 +115,7 @@ def unit_text(rules_path: str = RULES_PATH, table: str = TABLE,
     has Requires= and After= on it), at boot too; a reload replaces the table in place. With
     other arguments, the monitor's guard (MONITOR_UNIT), which Prometheus and alertmanager
     require the same way."""
-    return f"""\
-# Managed by gpuserve (pyinfra): a gpuserve guard (gpuserve/engine_guard.py). Its services require
-# it: if the table does not load, they do not start; stopping it stops them and drops the table.
-[Unit]
-Description=gpuserve {what}
-DefaultDependencies=no
-After=local-fs.target
-Before=network-pre.target shutdown.target
-Wants=network-pre.target
-Conflicts=shutdown.target
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart={NFT} -f {rules_path}
-ExecReload={NFT} -f {rules_path}
-ExecStop=-{NFT} delete table inet {table}
-# nft needs CAP_NET_ADMIN and netlink, nothing else
-CapabilityBoundingSet=CAP_NET_ADMIN
-AmbientCapabilities=
-NoNewPrivileges=yes
-PrivateDevices=yes
-ProtectSystem=strict
-ProtectHome=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-ProtectProc=invisible
-ProcSubset=pid
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-RestrictAddressFamilies=AF_NETLINK AF_UNIX
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallErrorNumber=EPERM
-UMask=0077
-
-[Install]
-WantedBy=multi-user.target
-"""
+    return templating.render("gpuserve-guard.service.j2", nft=NFT, rules_path=rules_path, table=table, what=what)
 
 
 # And in front of smg on a gateway host (its API with the admin routes, /workers, and its
@@ -185,8 +140,7 @@ def monitor_guard(ports: Iterable[int]) -> Guard:
 
 def requires_dropin(unit: str) -> str:
     """A drop-in that makes a service require a guard (it starts after it, stops with it)."""
-    return (f"# Managed by gpuserve (pyinfra): no start without the guard (gpuserve/engine_guard.py)\n"
-            f"[Unit]\nRequires={unit}\nAfter={unit}\n")
+    return templating.render("dropin-guard-requires.conf.j2", unit=unit)
 
 
 # --- every listener of an engine, not only its serve port ------------------------------------

@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from gpuserve import engine_guard, layout, schema
+from gpuserve import engine_guard, layout, schema, templating
 
 # Inventory groups whose hosts serve no model unless they also set gpu_model (a hardware group).
 # The monitoring tier adds "monitor" here the same way.
@@ -137,54 +137,8 @@ def smg_argv(g: GatewaySettings, venv: str) -> list[str]:
 def unit(g: GatewaySettings, venv: str) -> str:
     """The systemd unit of smg: an unprivileged dynamic user, read-only system, loopback API."""
     exec_start = " ".join(shlex.quote(a) for a in smg_argv(g, venv))
-    return f"""\
-# Managed by gpuserve (pyinfra): the fleet gateway (smg {g.smg_version}). docs/gateway.md
-[Unit]
-Description=gpuserve fleet gateway (smg)
-After=network-online.target
-Wants=network-online.target
-# only root and nginx's workers open smg's ports on this host: no smg without the guard's table
-Requires={engine_guard.GATEWAY_UNIT}
-After={engine_guard.GATEWAY_UNIT}
-StartLimitIntervalSec=600
-StartLimitBurst=20
-
-[Service]
-ExecStart={exec_start}
-Restart=always
-RestartSec=2
-DynamicUser=yes
-Environment=HOME=/var/lib/gpuserve-gateway
-StateDirectory=gpuserve-gateway
-WorkingDirectory=/var/lib/gpuserve-gateway
-NoNewPrivileges=yes
-CapabilityBoundingSet=
-AmbientCapabilities=
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectSystem=strict
-ProtectHome=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-ProtectProc=invisible
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallErrorNumber=EPERM
-UMask=0077
-LimitNOFILE=65536
-
-[Install]
-WantedBy=multi-user.target
-"""
+    return templating.render("gpuserve-gateway.service.j2", smg_version=g.smg_version,
+                             guard=engine_guard.GATEWAY_UNIT, exec_start=exec_start)
 
 
 def admin_url(g: GatewaySettings, path: str) -> str:

@@ -1,6 +1,6 @@
 """Grafana dashboards for gpuserve's Prometheus (pure: JSON from the project's metric names).
 
-Four dashboards, written to gpuserve/templates/grafana/*.json (package data: a wheel ships them)
+Four dashboards, written to gpuserve/dashboards/*.json (package data: a wheel ships them)
 by ``python -m gpuserve.grafana [DIR]`` (a unit test checks that the files there are what this
 module generates, that every query is valid PromQL to promtool and returns data from the
 project's series, and that it names only metrics the project knows):
@@ -27,7 +27,7 @@ from gpuserve import monitoring as m
 DS_INPUT = "DS_PROMETHEUS"
 DATASOURCE = {"type": "prometheus", "uid": "${%s}" % DS_INPUT}
 SCHEMA_VERSION = 39
-OUT_DIR = Path(__file__).resolve().parent / "templates" / "grafana"   # inside the package, beside the unit template
+OUT_DIR = Path(__file__).resolve().parent / "dashboards"   # inside the package: generated output, not a template
 
 # series the dashboards read besides gpuserve.monitoring's, with where their names come from
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"        # dcgm-exporter etc/default-counters.csv

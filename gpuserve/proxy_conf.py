@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from gpuserve import templating
+
 KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 MAX_KEY_LEN = 200
 NGINX_DIR = "/etc/nginx/gpuserve"
@@ -170,29 +172,14 @@ export default {prompt};
 
 
 def common_conf() -> str:
-    """http-level settings shared by every deployment (COMMON_CONF)."""
-    return (
-        "# Managed by gpuserve (pyinfra): settings of every gpuserve front\n"
-        f"js_import gpuserve_limits from {LIMITS_JS};\n"
-        "map_hash_bucket_size 256;\n"
-        "server_tokens off;\n"
-        "# no query string (it may carry a credential) and no key: the key's id is logged instead\n"
-        "log_format gpuserve '$remote_addr [$time_local] \"$request_method $uri $server_protocol\" '\n"
-        "                    '$status $body_bytes_sent $request_time key=$gpuserve_key_id';\n"
-    )
+    """http-level settings shared by every deployment (COMMON_CONF; templates/nginx-common.conf.j2)."""
+    return templating.render("nginx-common.conf.j2", limits_js=LIMITS_JS)
 
 
 def tls_conf(cert: str, key: str) -> str:
-    """TLS settings included by every gpuserve server block (TLS 1.2 ECDHE+AEAD only, and 1.3)."""
-    return (
-        "# Managed by gpuserve (pyinfra)\n"
-        f"ssl_certificate {cert};\n"
-        f"ssl_certificate_key {key};\n"
-        "ssl_protocols TLSv1.2 TLSv1.3;\n"
-        f"ssl_ciphers {TLS_CIPHERS};\n"
-        "ssl_prefer_server_ciphers on;\n"
-        "ssl_session_tickets off;\n"
-    )
+    """TLS settings included by every gpuserve server block (TLS 1.2 ECDHE+AEAD only, and 1.3;
+    templates/nginx-tls.conf.j2)."""
+    return templating.render("nginx-tls.conf.j2", cert=cert, key=key, ciphers=TLS_CIPHERS)
 
 
 def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence[str],
@@ -200,229 +187,26 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
                 operator_networks: Sequence[str], limits: ProxyLimits,
                 gateways: Sequence[str] = (), admin_routes: bool = True, tenants_http: str = "",
                 tenants_server: str = "") -> str:
-    """The front of one deployment (conf.d/gpuserve-<deployment>.conf). With ``gateways`` (the
-    addresses of the fleet's gateways, docs/gateway.md) the client routes answer only them and
-    operator keys: the client's key was checked once, at the gateway; from anywhere else a
-    client key gets 403. The per-address limit does not count the gateways (they carry the
-    whole fleet's traffic). ``admin_routes=False``: no route but /health and the client routes
-    is proxied, for any key (the gateway's front: smg's admin API stays on its loopback)."""
-    v = var(deployment)
-    lim = limits
-    t = lim.client_timeout_s
-    # the default server's header timeout is the one that applies while a request's headers
-    # are read (before nginx knows the Host), so both servers get them
-    timeouts = [f"    client_header_timeout {t}s;\n", f"    client_body_timeout {t}s;\n",
-                f"    send_timeout {max(t, 60)}s;\n", f"    keepalive_timeout {t}s;\n"]
-    out = [
-        f"# Managed by gpuserve (pyinfra): the TLS front of deployment {deployment}.\n",
-        "# /health is open; the client routes need a client or operator key; the monitoring routes an\n",
-        "# operator key or a peer in proxy_operator_networks; every other route an operator key\n",
-        "# (gpuserve/proxy_conf.py).\n",
-        f"map $http_authorization ${v}_key {{\n",
-        "    default \"\";\n",
-        f"    include {NGINX_DIR}/{deployment}.keys;\n",
-        f"    include {NGINX_DIR}/{deployment}.operator-keys;\n",
-        "}\n",
-        f"geo ${v}_opnet {{\n",
-        "    default 0;\n",
-        *(f"    {net} 1;\n" for net in operator_networks),
-        "}\n",
-        "# the monitoring routes: 0: allowed; 401: no (known) key; 403: a client key\n",
-        f"map \"${v}_key:${v}_opnet\" ${v}_monitor {{\n",
-        "    ~^[os] 0;\n",
-        "    ~:1$ 0;\n",
-        "    ~^c 403;\n",
-        "    default 401;\n",
-        "}\n",
-        "# every other route: an operator key, whatever the peer's address (a scrape key: 403)\n",
-        f"map ${v}_key ${v}_operator {{\n",
-        "    ~^o 0;\n",
-        "    ~^[cs] 403;\n",
-        "    default 401;\n",
-        "}\n",
-        "# the client routes: a client or operator key (a scrape key opens no inference)\n",
-        f"map ${v}_key ${v}_inference {{\n",
-        "    ~^[co] 0;\n",
-        "    ~^s 403;\n",
-        "    default 401;\n",
-        "}\n",
-        "# the per-key limits count client keys (by id); operator keys (scrapers, tools) are exempt;\n",
-        "# a tenant's keys (c-<tenant>-n) count in their tenant's zones (gpuserve/tenants.py)\n",
-        f"map ${v}_key ${v}_client {{\n",
-        f"    ~^c[0-9] ${v}_key;\n",
-        "    default \"\";\n",
-        "}\n",
-        f"limit_req_zone ${v}_client zone={v}_rate:1m rate={lim.rate_per_key}r/s;\n",
-        f"limit_conn_zone ${v}_client zone={v}_conn:1m;\n",
-        f"limit_conn_zone ${v}_client zone={v}_pconn:1m;\n",
-        tenants_http,
-        *(_gateway_maps(v, gateways) if gateways else
-          [f"limit_conn_zone $binary_remote_addr zone={v}_addr:10m;\n"]),
-        "\n",
-        f"upstream {v}_engine {{\n",
-        f"    server {host_port(engine_host, engine_port)};\n",
-        "    keepalive 16;\n",
-        "}\n",
-        "\n",
-        "# any other Host name on this address and port: 421, never a redirect to it\n",
-        "server {\n",
-        f"    listen {host_port(bind, port)} ssl default_server;\n",
-        f"    include {NGINX_DIR}/tls.conf;\n",
-        *timeouts,
-        "    access_log /var/log/nginx/access.log gpuserve;\n",
-        "    set $gpuserve_key_id -;\n",
-        "    return 421;\n",
-        "}\n",
-        "\n",
-        "server {\n",
-        f"    listen {host_port(bind, port)} ssl;\n",
-        f"    server_name {' '.join(server_names)};\n",
-        f"    include {NGINX_DIR}/tls.conf;\n",
-        "    add_header Strict-Transport-Security \"max-age=31536000\" always;\n",
-        "    absolute_redirect off;\n",
-        f"    set $gpuserve_key_id ${v}_key;\n",
-        "    access_log /var/log/nginx/access.log gpuserve;\n",
-        *timeouts,
-        f"    client_max_body_size {lim.body_kib}k;\n",
-        f"    client_body_buffer_size {lim.body_kib}k;\n",
-        f"    limit_conn {v}_addr {lim.conn_per_address};\n",
-        f"    limit_conn {v}_conn {lim.conn_per_key};\n",
-        f"    limit_req zone={v}_rate burst={lim.burst_per_key} nodelay;\n",
-        tenants_server,
-        "    limit_req_status 429;\n",
-        "    limit_conn_status 429;\n",
-        "    proxy_http_version 1.1;\n",
-        *_headers("    "),
-        "    # nginx picks the location from the normalized path but forwards the raw one: a client\n",
-        "    # route with dot segments or encoded separators could reach another route upstream\n",
-        "    if ($request_uri ~* \"(/\\.|%2e|%2f|%5c)\") {\n",
-        "        return 400;\n",
-        "    }\n",
-        "\n",
-        "    location = /health {\n",
-        f"        if (-f {drain_flag}) {{\n",
-        "            return 503 \"draining\\n\";\n",
-        "        }\n",
-        f"        proxy_pass http://{v}_engine/health;\n",
-        "    }\n",
-    ]
-    out += [
-        "\n",
-        "    # the prompt routes' requests, once limits.js counted their messages\n",
-        f"    location @{v}_prompt {{\n",
-        *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
-        f"        proxy_pass http://{v}_engine;\n",
-        "        proxy_buffering off;\n",
-        f"        proxy_read_timeout {read_timeout_s}s;\n",
-        "    }\n",
-    ]
-    for location, body in CLIENT_ROUTES:
-        size = lim.prompt_body_kib if body == "prompt" else lim.body_kib
-        out += [
-            "\n",
-            f"    location {location} {{\n",
-            *(_gateway_only(v) if gateways else [
-                f"        if (${v}_inference = 401) {{\n",
-                "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
-                "        }\n",
-                f"        if (${v}_inference = 403) {{\n",
-                "            return 403 \"{\\\"error\\\": \\\"a scrape key reaches the monitoring routes only\\\"}\\n\";\n",
-                "        }\n"]),
-            f"        client_max_body_size {size}k;\n",
-            *(_prompt_block(v, size, lim) if body == "prompt" else [
-                *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
-                f"        proxy_pass http://{v}_engine;\n",
-                "        proxy_buffering off;\n",
-                f"        proxy_read_timeout {read_timeout_s}s;\n"]),
-            "    }\n",
-        ]
-    if not admin_routes:
-        return "".join(out + [
-            "\n",
-            "    # no operator route on this front, whatever the key: the admin API answers on this\n",
-            "    # host's loopback only (docs/gateway.md, \"Operator rights\")\n",
-            "    location / {\n",
-            "        return 403 \"{\\\"error\\\": \\\"not a client route; the admin API is on the host's loopback only\\\"}\\n\";\n",
-            "    }\n",
-            "}\n"])
-    for location in MONITOR_ROUTES:
-        out += ["\n", f"    location {location} {{\n",
-                *_operator_block(v, f"{v}_monitor", deployment, read_timeout_s)]
-    out += ["\n",
-            "    # everything else (inference outside the client API, docs, scaling, sleep, cache resets,\n",
-            "    # routes not known yet): an operator key only\n",
-            "    location / {\n",
-            *_operator_block(v, f"{v}_operator", deployment, read_timeout_s),
-            "}\n"]
-    return "".join(out)
-
-
-def _prompt_block(v: str, size_kib: int, lim: ProxyLimits) -> list[str]:
-    """A prompt route: the key's fair share of requests in flight, then limits.js counts the
-    messages (the body in memory) and hands the request to @<v>_prompt."""
-    return [
-        f"        limit_conn {v}_pconn {lim.prompt_conn_per_key};\n",
-        f"        client_body_buffer_size {size_kib}k;\n",
-        f"        set $gpuserve_max_messages {lim.max_messages};\n",
-        f"        set $gpuserve_prompt_location @{v}_prompt;\n",
-        "        js_content gpuserve_limits.prompt;\n",
-    ]
-
-
-def _operator_block(v: str, verdict: str, deployment: str, read_timeout_s: int) -> list[str]:
-    """The body of an operator location, refused unless ``$<verdict>`` is 0."""
-    return [
-        f"        if (${verdict} = 401) {{\n",
-        "            return 401 \"{\\\"error\\\": \\\"missing or unknown API key\\\"}\\n\";\n",
-        "        }\n",
-        f"        if (${verdict} = 403) {{\n",
-        "            return 403 \"{\\\"error\\\": \\\"an operator route: client keys are not allowed\\\"}\\n\";\n",
-        "        }\n",
-        *_headers("        ", f"{NGINX_DIR}/{deployment}.upstream-auth"),
-        f"        proxy_pass http://{v}_engine;\n",
-        "        proxy_buffering off;\n",
-        f"        proxy_read_timeout {read_timeout_s}s;\n",
-        "    }\n",
-    ]
-
-
-def _gateway_maps(v: str, gateways: Sequence[str]) -> list[str]:
-    return [
-        "# the fleet's gateways (docs/gateway.md): they alone reach the client routes without a key\n",
-        f"geo ${v}_gateway {{\n",
-        "    default 0;\n",
-        *(f"    {net} 1;\n" for net in gateways),
-        "}\n",
-        f"map \"${v}_gateway:${v}_key\" ${v}_client_ok {{\n",
-        "    ~^1: 1;\n",
-        "    ~^0:o 1;\n",
-        "    default 0;\n",
-        "}\n",
-        f"map ${v}_gateway ${v}_addr_key {{\n",
-        "    1 \"\";\n",
-        "    default $binary_remote_addr;\n",
-        "}\n",
-        f"limit_conn_zone ${v}_addr_key zone={v}_addr:10m;\n",
-    ]
-
-
-def _gateway_only(v: str) -> list[str]:
-    return [
-        f"        if (${v}_client_ok = 0) {{\n",
-        "            return 403 \"{\\\"error\\\": \\\"this host serves clients only through the gateway\\\"}\\n\";\n",
-        "        }\n",
-    ]
-
-
-def _headers(indent: str, auth: str | None = None) -> list[str]:
-    """proxy_set_header lines; a block that sets any inherits none, so each proxying block gets
-    all of them: the engine logs the peer nginx saw, never an X-Forwarded-For a client sent."""
-    lines = ["proxy_set_header Host $host;", "proxy_set_header X-Forwarded-For $remote_addr;",
-             "proxy_set_header X-Real-IP $remote_addr;", 'proxy_set_header Forwarded "";',
-             'proxy_set_header Connection "";']
-    if auth:
-        lines.append(f"include {auth};")
-    return [f"{indent}{line}\n" for line in lines]
+    """The front of one deployment (conf.d/gpuserve-<deployment>.conf; templates/nginx-site.conf.j2).
+    /health is open; the client routes (CLIENT_ROUTES) need a client or operator key; the
+    monitoring routes (MONITOR_ROUTES) an operator key or a peer in ``operator_networks``; every
+    other route an operator key. Per-key limits count client keys by id; a prompt route goes
+    through limits.js (the message count), then to the named location that proxies it. With
+    ``gateways`` (the addresses of the fleet's gateways, docs/gateway.md) the client routes
+    answer only them and operator keys: the client's key was checked once, at the gateway; from
+    anywhere else a client key gets 403. The per-address limit does not count the gateways (they
+    carry the whole fleet's traffic). ``admin_routes=False``: no route but /health and the client
+    routes is proxied, for any key (the gateway's front: smg's admin API stays on its loopback).
+    ``tenants_http``/``tenants_server``: gpuserve.tenants' lines, at http and server level. Every
+    proxying block sets all the proxy headers (a block that sets any inherits none), so the engine
+    logs the peer nginx saw, never an X-Forwarded-For a client sent."""
+    return templating.render(
+        "nginx-site.conf.j2", deployment=deployment, v=var(deployment), nginx_dir=NGINX_DIR,
+        listen=host_port(bind, port), server_names=server_names, engine=host_port(engine_host, engine_port),
+        drain_flag=drain_flag, read_timeout_s=read_timeout_s, operator_networks=operator_networks,
+        limits=limits, gateways=gateways, admin_routes=admin_routes, tenants_http=tenants_http,
+        tenants_server=tenants_server, client_routes=CLIENT_ROUTES, monitor_routes=MONITOR_ROUTES,
+        upstream_auth=f"{NGINX_DIR}/{deployment}.upstream-auth")
 
 
 # systemd's unit syntax: $$ is a literal $ (the shell's), no % specifier, no single quote
@@ -435,46 +219,5 @@ _CLEAR_LEFTOVERS = (
     "sleep 0.1; done; "
     "done; exit 0"
 )
-NGINX_DROPIN = """\
-# Managed by gpuserve (pyinfra): nginx comes back after a crash (Debian's unit has Restart=no),
-# and runs confined. The master (root) reads the keys, binds, and starts workers as www-data.
-[Unit]
-StartLimitIntervalSec=600
-StartLimitBurst=20
-
-[Service]
-Restart=on-failure
-RestartSec=2
-# After kill -9 of the master, systemd kills the workers left in the unit's cgroup. Where that
-# fails (it stops at the first process it cannot see, one of another PID namespace sharing the
-# cgroup: "Failed to kill control group ... Input/output error"), the orphaned workers kept the
-# port and kept serving, and every restart failed to bind (issue 26). Before each start, every
-# nginx process still in this unit's cgroup is killed, and the start waits until it is gone.
-ExecStartPre=/bin/sh -c '%s'
-CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL CAP_DAC_OVERRIDE
-NoNewPrivileges=yes
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectSystem=strict
-ReadWritePaths=/var/log/nginx /var/lib/nginx /run
-ProtectHome=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-ProtectProc=invisible
-ProcSubset=pid
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallFilter=~@resources @mount @debug @cpu-emulation @obsolete
-SystemCallErrorNumber=EPERM
-UMask=0027
-""" % _CLEAR_LEFTOVERS
+# nginx's drop-in (templates/dropin-nginx.conf.j2): back after a crash, confined
+NGINX_DROPIN = templating.render("dropin-nginx.conf.j2", clear_leftovers=_CLEAR_LEFTOVERS)

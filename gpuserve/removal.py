@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from gpuserve import engine_guard, gateway, layout, monitoring, proxy_conf, rollout
 
-# the first line of gpuserve/templates/gpuserve.service.j2
+# the first line of templates/gpuserve.service.j2
 UNIT_MARKER = "# Managed by gpuserve (pyinfra): do not edit here, change group_data and converge."
 # the start of the first line of every other file gpuserve writes in another program's place
 MANAGED = "# Managed by gpuserve (pyinfra)"

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpuserve import admission, layout, schema
+from gpuserve import admission, layout, schema, templating
 from gpuserve.hardware import GPU_MODELS, GpuInfo
 from gpuserve.values import base_url_problem, url_problem
 
@@ -361,8 +361,7 @@ DCGM_EXPORTER_PORT = 9400
 # exporter front (layers/monitoring.py), never directly.
 DCGM_EXPORTER_DROPIN = layout.systemd_unit_path(f"{DCGM_EXPORTER_UNIT}.service.d/gpuserve-listen.conf")
 DCGM_EXPORTER_LISTEN = f"127.0.0.1:{DCGM_EXPORTER_PORT}"
-DCGM_EXPORTER_DROPIN_TEXT = ("# gpuserve: the DCGM exporter on loopback only (the monitor scrapes it through nginx)\n"
-                             f"[Service]\nEnvironment=DCGM_EXPORTER_LISTEN={DCGM_EXPORTER_LISTEN}\n")
+DCGM_EXPORTER_DROPIN_TEXT = templating.render("dropin-dcgm-exporter-listen.conf.j2", listen=DCGM_EXPORTER_LISTEN)
 
 
 def cuda_repo_dir(s: StackSettings, os: str, arch: str) -> str:

@@ -38,7 +38,7 @@ from pyinfra.api import FactBase, FunctionCommand, deploy, operation
 from pyinfra.context import ctx_state
 from pyinfra.operations import apt, files, server, systemd
 
-from gpuserve import checkpoints, fanout, layout
+from gpuserve import checkpoints, fanout, layout, templating
 from gpuserve import fanout_agent as agent_mod
 from gpuserve import weights as w
 from gpuserve.config import HostSettings
@@ -47,7 +47,6 @@ from gpuserve.layers.secrets_ops import secret_file
 from gpuserve.layers.weights import (Target, _call, _die_with_parent, _state, _todo, checkpoint_space,
                                      connector_args, planned_state, rsync_path_args, ssh_command)
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 STALL_S = 900       # no byte moved on a host for this long: the wait fails, naming what is stuck
 POLL_S = 2
 
@@ -86,6 +85,17 @@ class Fleet:
 
 
 _fleets: dict[tuple[int, str, str], Fleet] = {}
+
+
+def fanout_unit_vars(label: str, repo_dir: str) -> dict[str, str]:
+    """The variables of the fan-out fetch unit (gpuserve-weights-fetch.service.j2): pure."""
+    return dict(label=label, agent=f"{layout.AGENT_DIR}/fanout_agent.py", job=layout.FANOUT_JOB,
+                repo_dir=repo_dir)
+
+
+def fanout_unit(label: str, repo_dir: str) -> str:
+    """The fan-out fetch unit (templates/gpuserve-weights-fetch.service.j2), as fanout_start writes it."""
+    return templating.render("gpuserve-weights-fetch.service.j2", **fanout_unit_vars(label, repo_dir))
 
 
 def address_of(name: str, s: HostSettings) -> str:
@@ -386,11 +396,9 @@ def fanout_start(settings: HostSettings) -> None:
     job = files.put(name=f"Fan-out job for {target.label}",
                     src=StringIO(json.dumps(job_for(fleet, settings, target), indent=1) + "\n"),
                     dest=layout.FANOUT_JOB, user="root", group="root", mode="600")
-    unit = files.template(name=f"Fan-out unit {layout.FANOUT_UNIT}",
-                          src=str(TEMPLATES / "gpuserve-weights-fetch.service.j2"),
-                          dest=layout.systemd_unit_path(layout.FANOUT_UNIT), label=target.label,
-                          agent=f"{layout.AGENT_DIR}/fanout_agent.py", job=layout.FANOUT_JOB,
-                          repo_dir=target.repo_dir, user="root", group="root", mode="644")
+    unit = files.put(name=f"Fan-out unit {layout.FANOUT_UNIT}",
+                     src=StringIO(fanout_unit(target.label, target.repo_dir)),
+                     dest=layout.systemd_unit_path(layout.FANOUT_UNIT), user="root", group="root", mode="644")
     systemd.daemon_reload(name="systemd: reload units (fan-out)", _if=unit.did_change)
     begin(name=f"Start fetching {target.label}", target=target,
           restart=bool(job.will_change or unit.will_change))

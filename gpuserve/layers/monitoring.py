@@ -27,7 +27,8 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, engine_guard, monitoring, proxy_conf, receivers, secret_sources, stack
+from gpuserve import (api_keys, certs, engine_guard, monitoring, proxy_conf, receivers, secret_sources, stack,
+                      templating)
 from gpuserve.config import HostSettings
 from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
@@ -66,36 +67,13 @@ def _networks(settings: HostSettings, monitors: list[str]) -> list[str]:
 
 
 def exporters_conf(networks: list[str], dcgm: bool, tls_include: str, smg_metrics: str | None = None) -> str:
-    """The exporters' TLS front: node-exporter, and the DCGM exporter (NVIDIA hosts with dcgm)
-    and smg's metrics (gateway hosts, ``smg_metrics`` = host:port) where the host has them."""
-    allow = "".join(f"    allow {net};\n" for net in networks)
-    dcgm_block = (
-        "    location = /dcgm/metrics {\n"
-        f"        proxy_pass http://127.0.0.1:{stack.DCGM_EXPORTER_PORT}/metrics;\n"
-        "    }\n") if dcgm else ""
-    if smg_metrics:
-        dcgm_block += (f"    location = {monitoring.GATEWAY_METRICS_PATH} {{\n"
-                       f"        proxy_pass http://{smg_metrics}/metrics;\n"
-                       "    }\n")
-    return (
-        "# Managed by gpuserve (pyinfra): the exporters' TLS front, for the monitor hosts and the\n"
-        "# operator networks only (gpuserve/layers/monitoring.py)\n"
-        "server {\n"
-        f"    listen {monitoring.NODE_EXPORTER_TLS_PORT} ssl;\n"
-        f"    listen [::]:{monitoring.NODE_EXPORTER_TLS_PORT} ssl;\n"
-        f"    include {tls_include};\n"
-        "    server_tokens off;\n"
-        f"{allow}"
-        "    deny all;\n"
-        "    access_log off;\n"
-        "    location = /metrics {\n"
-        f"        proxy_pass http://127.0.0.1:{monitoring.NODE_EXPORTER_PORT}/metrics;\n"
-        "    }\n"
-        f"{dcgm_block}"
-        "    location / {\n"
-        "        return 404;\n"
-        "    }\n"
-        "}\n")
+    """The exporters' TLS front (templates/nginx-exporters.conf.j2): node-exporter, and the DCGM
+    exporter (NVIDIA hosts with dcgm) and smg's metrics (gateway hosts, ``smg_metrics`` =
+    host:port) where the host has them; the monitor hosts and the operator networks only."""
+    return templating.render("nginx-exporters.conf.j2", networks=networks, dcgm=dcgm, tls_include=tls_include,
+                             smg_metrics=smg_metrics, tls_port=monitoring.NODE_EXPORTER_TLS_PORT,
+                             node_exporter_port=monitoring.NODE_EXPORTER_PORT, dcgm_port=stack.DCGM_EXPORTER_PORT,
+                             smg_path=monitoring.GATEWAY_METRICS_PATH)
 
 
 def _exporters_tls() -> tuple[str, list]:

@@ -31,7 +31,7 @@ from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.facts.server import Home, User
 
-from gpuserve import layout
+from gpuserve import layout, templating
 
 STAGING = layout.SECRETS_STAGING_DIR   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
 UPLOAD_DIR = ".gpuserve-upload"      # in the login user's home, 0700: where it uploads under sudo
@@ -176,7 +176,5 @@ def credentials_dropin(directory: str, start_pre: str) -> str:
     """A drop-in that decrypts ``directory``'s credentials before the unit's own ExecStartPre=
     ``start_pre`` (which may read them), as root outside the unit's sandbox (``+``: a TPM2 device
     and the credential key are out of a confined unit's reach)."""
-    return ("# Managed by gpuserve (pyinfra): the secrets are systemd credentials at rest\n"
-            "[Service]\nExecStartPre=\n"
-            f"ExecStartPre=+{CREDENTIALS_BIN} {directory}\n"
-            f"ExecStartPre={start_pre}\n")
+    return templating.render("dropin-credentials.conf.j2", credentials_bin=CREDENTIALS_BIN, directory=directory,
+                             start_pre=start_pre)

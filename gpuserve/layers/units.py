@@ -22,7 +22,7 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import apt, files, server, systemd
 
-from gpuserve import api_keys, engine_guard, layout, rollout
+from gpuserve import api_keys, engine_guard, layout, rollout, templating
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
@@ -34,11 +34,37 @@ from gpuserve.values import is_loopback
 from gpuserve.release_files import GATE, STOP_MARGIN_S, gate_command, tools_enabled
 
 GATE_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-gate"
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"   # inside the package: a wheel ships it
 
 
 def unit_path(deployment: str) -> str:
     return layout.unit_path(deployment)
+
+
+def engine_unit_vars(plan: HostPlan, dep: DeploymentSettings) -> dict:
+    """The variables of one deployment's systemd unit (gpuserve.service.j2): pure, from the plan."""
+    settings, where, name = plan.settings, plan.deployment(dep.name), dep.name
+    serve = plan.serve_configs[name]
+    return dict(
+        deployment=name, engine=serve.engine, deployment_dir=where.deployment_dir,
+        current=where.current_link, secrets_env=where.secrets_env,
+        user_name=layout.SERVICE_USER, group_name=layout.SERVICE_GROUP, home=layout.SERVICE_HOME,
+        cache=where.cache_dir,
+        start_timeout_s=dep.ready_timeout_s, stop_timeout_s=dep.shutdown_timeout_s + STOP_MARGIN_S,
+        devices=_devices(settings), supplementary_groups=_groups(settings), after=_after(settings),
+        # GPU engines with several ranks reach each other (NCCL/gloo bootstrap) on the host's
+        # own address, not loopback: the address filter is for engines without GPUs only
+        loopback_only=is_loopback(dep.serve_host) and not serve.gpus,
+        guard=engine_guard.UNIT, listeners=listeners_path(where.deployment_dir),
+    )
+
+
+def engine_unit(plan: HostPlan, dep: DeploymentSettings) -> str:
+    """One deployment's systemd unit (templates/gpuserve.service.j2), as the service layer writes it."""
+    return templating.render("gpuserve.service.j2", **engine_unit_vars(plan, dep))
+
+
+def listeners_path(deployment_dir: str) -> str:
+    return f"{deployment_dir}/listeners.nft"
 
 
 def _secrets_content(plan: HostPlan, name: str) -> str | None:
@@ -108,29 +134,17 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
                                      dest=secrets_path)
     changed_secrets = op.will_change
 
-    listeners_path = f"{where.deployment_dir}/listeners.nft"
+    listeners_file = listeners_path(where.deployment_dir)
     listeners = files.put(
         name=f"{name}: listener guard (only root and {layout.SERVICE_USER} open the engine's other ports)",
         src=StringIO(engine_guard.listeners_ruleset(name, where.unit, dep.serve_port,
                                                     ("root", layout.SERVICE_USER))),
-        dest=listeners_path, user="root", group="root", mode="644")
+        dest=listeners_file, user="root", group="root", mode="644")
     server.shell(name=f"{name}: listener guard loaded for the running engine",
-                 commands=[f"if systemctl is-active -q {where.unit}; then nft -f {listeners_path}; fi"],
+                 commands=[f"if systemctl is-active -q {where.unit}; then nft -f {listeners_file}; fi"],
                  _if=listeners.did_change)
-    unit = files.template(
-        name=f"{name}: systemd unit", src=str(TEMPLATES / "gpuserve.service.j2"), dest=unit_path(name),
-        user="root", group="root", mode="644",
-        deployment=name, engine=serve.engine, deployment_dir=where.deployment_dir,
-        current=where.current_link, secrets_env=secrets_path,
-        user_name=layout.SERVICE_USER, group_name=layout.SERVICE_GROUP, home=layout.SERVICE_HOME,
-        cache=where.cache_dir,
-        start_timeout_s=dep.ready_timeout_s, stop_timeout_s=dep.shutdown_timeout_s + STOP_MARGIN_S,
-        devices=_devices(settings), supplementary_groups=_groups(settings), after=_after(settings),
-        # GPU engines with several ranks reach each other (NCCL/gloo bootstrap) on the host's
-        # own address, not loopback: the address filter is for engines without GPUs only
-        loopback_only=is_loopback(dep.serve_host) and not serve.gpus,
-        guard=engine_guard.UNIT, listeners=listeners_path,
-    )
+    unit = files.put(name=f"{name}: systemd unit", src=StringIO(engine_unit(plan, dep)), dest=unit_path(name),
+                     user="root", group="root", mode="644")
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
     systemd.service(name=f"{name}: unit enabled at boot", service=where.unit,
                     running=None, enabled=True)

@@ -17,7 +17,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import layout, monitoring, proxy_conf, rollout
+from gpuserve import layout, monitoring, proxy_conf, rollout, templating
 from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.release_files import probe_url, secrets_env_path
 
@@ -58,46 +58,9 @@ def watchdog_config(s: HostSettings, dep: DeploymentSettings) -> dict:
 
 
 def unit_text() -> str:
-    return f"""\
-# Managed by gpuserve (pyinfra): the hang watchdog of one deployment (gpuserve/layers/watchdog.py)
-[Unit]
-Description=gpuserve hang watchdog of %i
-After=network-online.target gpuserve-%i.service
-
-[Service]
-ExecStart=/usr/bin/python3 {PROGRAM} {layout.ETC_DIR}/%i/watchdog.json
-Restart=always
-RestartSec=5
-# root without capabilities: what it reads and writes is root's, and systemd takes a restart
-# from uid 0 over its socket
-CapabilityBoundingSet=
-AmbientCapabilities=
-NoNewPrivileges=yes
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectHome=yes
-ProtectSystem=strict
-ReadWritePaths=-{monitoring.TEXTFILE_DIR} -{proxy_conf.NGINX_DIR}
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-ProtectProc=invisible
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallErrorNumber=EPERM
-
-[Install]
-WantedBy=multi-user.target
-"""
+    """gpuserve-watchdog@.service (templates/gpuserve-watchdog@.service.j2): one instance per deployment."""
+    return templating.render("gpuserve-watchdog@.service.j2", program=PROGRAM, etc_dir=layout.ETC_DIR,
+                             textfile_dir=monitoring.TEXTFILE_DIR, nginx_dir=proxy_conf.NGINX_DIR)
 
 
 @deploy("Hang watchdog")

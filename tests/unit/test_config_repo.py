@@ -48,7 +48,7 @@ def test_python_m_prints_a_deploy_path(capsys):
 def test_the_package_list_holds_every_subpackage():
     """Each distribution lists its packages (gpuserve.deploys lives in deploys/): none may be
     forgotten. The sandbox is a distribution of its own (sandbox/), not a package of gpuserve's."""
-    for root, extra in ((REPO, {"gpuserve.deploys"}), (SANDBOX, set())):
+    for root, extra in ((REPO, {"gpuserve.deploys", "gpuserve.templates"}), (SANDBOX, set())):
         listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
         code = {p for p in find_namespace_packages(str(root), include=["gpuserve*", "gpuserve_sandbox*"])
                 if any((root / p.replace(".", "/")).glob("*.py"))}
@@ -93,8 +93,10 @@ def test_the_gpuserve_wheel_holds_the_product_with_its_files_and_no_sandbox(whee
     """Every file of the package (templates, host programs, dashboards) and every deploy is in the
     wheel; nothing of the sandbox is, and gpuserve adds no command of its own through entry points."""
     names = set(wheels["gpuserve"].namelist())
-    want = {*_files("gpuserve"), *("gpuserve/deploys/" + n.split("/", 1)[1] for n in _files("deploys"))}
-    assert {"gpuserve/templates/gpuserve.service.j2", "gpuserve/templates/grafana/host.json",
+    want = {*_files("gpuserve"), *("gpuserve/deploys/" + n.split("/", 1)[1] for n in _files("deploys")),
+            # the top-level templates/, mapped into the package at build time (pyproject.toml)
+            *("gpuserve/templates/" + n.split("/", 1)[1] for n in _files("templates"))}
+    assert {"gpuserve/templates/gpuserve.service.j2", "gpuserve/dashboards/host.json",
             "gpuserve/files/gpuserve-gate", "gpuserve/files/gpuserve-watchdog", "gpuserve/deploys/serve.py"} <= want
     assert want - names == set()
     assert [n for n in names if "sandbox" in n.split("/")[0]] == []
@@ -119,15 +121,31 @@ def test_the_sandbox_wheel_adds_gpuserve_sandbox_and_needs_this_gpuserve(wheels)
 
 
 def test_the_files_deploys_read_are_inside_the_package():
-    """Templates, host programs and dashboards: one place, in the package (files/, templates/)."""
-    from gpuserve import grafana
+    """Host programs and dashboards: one place, in the package (files/, dashboards/); the
+    templates: the top-level templates/ of the checkout, which the wheel maps into the package."""
+    from gpuserve import grafana, templating
     from gpuserve.layers import units, watchdog
 
     pkg = Path(config.__file__).resolve().parent
     dashboards = sorted(grafana.OUT_DIR.glob("*.json"))
     assert [p.stem for p in dashboards] == sorted(grafana.DASHBOARDS)
-    for f in (units.TEMPLATES / "gpuserve.service.j2", units.GATE_SRC, watchdog.PROGRAM_SRC, *dashboards):
+    for f in (units.GATE_SRC, watchdog.PROGRAM_SRC, *dashboards):
         assert f.is_file() and f.resolve().is_relative_to(pkg), f
+    assert templating.TEMPLATES == REPO / "templates" and (templating.TEMPLATES / "gpuserve.service.j2").is_file()
+
+
+def test_the_installed_wheel_finds_its_templates(wheels, tmp_path):
+    """Unpacked as pip installs it, the package renders its units from gpuserve/templates/, not
+    from a checkout."""
+    site = tmp_path / "site"
+    wheels["gpuserve"].extractall(site)
+    code = ("import gpuserve.templating as t, sys; print(t.TEMPLATES); "
+            "print(t.render('gpuserve-weights-fetch.service.j2', label='L', agent='A', job='J', repo_dir='R'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site)},
+                         capture_output=True, text=True, check=True).stdout
+    where, text = out.split("\n", 1)
+    assert where == str(site / "gpuserve" / "templates")
+    assert "ExecStart=/usr/bin/python3 A run J\n" in text and "ReadWritePaths=R\n" in text
 
 
 def test_group_data_all_holds_no_default_of_its_own():

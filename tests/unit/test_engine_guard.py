@@ -79,14 +79,12 @@ def test_the_guard_follows_the_host_plan():
 
 
 def _unit_with(**kw) -> str:
-    import jinja2
-
-    from gpuserve.layers.units import TEMPLATES
-    return jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
-        deployment="m", engine="vllm", deployment_dir="/d", current="/d/current", secrets_env="/d/s",
+    from gpuserve import templating
+    return templating.render(
+        "gpuserve.service.j2", deployment="m", engine="vllm", deployment_dir="/d", current="/d/current", secrets_env="/d/s",
         user_name="gpuserve", group_name="gpuserve", home="/h", cache="/c", start_timeout_s=60,
         stop_timeout_s=60, devices=[], supplementary_groups=[], after=[], loopback_only=True,
-        guard=engine_guard.UNIT, **kw)
+        guard=engine_guard.UNIT, **{"listeners": None, **kw})
 
 
 def test_engines_require_the_guard_unit():

@@ -1,4 +1,4 @@
-"""The Grafana dashboards in gpuserve/templates/grafana/ (gpuserve/grafana.py), checked three ways:
+"""The Grafana dashboards in gpuserve/dashboards/ (gpuserve/grafana.py), checked three ways:
 
 - they are what gpuserve/grafana.py generates, in the shape Grafana imports (``__inputs`` asking
   for a Prometheus data source, used by every panel, query and variable);

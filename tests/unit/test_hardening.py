@@ -194,15 +194,14 @@ def test_loopback_engine_needs_no_proxy():
 
 
 def _unit(devices, loopback_only=True) -> str:
-    import jinja2
-
-    from gpuserve.layers.units import TEMPLATES
-    return jinja2.Template((TEMPLATES / "gpuserve.service.j2").read_text()).render(
+    from gpuserve import templating
+    return templating.render(
+        "gpuserve.service.j2",
         deployment="minimax", engine="vllm", deployment_dir="/etc/gpuserve/minimax",
         current="/etc/gpuserve/minimax/current", secrets_env="/etc/gpuserve/minimax/secrets.env",
         user_name="gpuserve", group_name="gpuserve", home="/var/lib/gpuserve", cache="/mnt/nvme/c",
         start_timeout_s=3600, stop_timeout_s=90, devices=devices, supplementary_groups=[], after=[],
-        loopback_only=loopback_only)
+        loopback_only=loopback_only, guard=None, listeners=None)
 
 
 def test_engine_unit_is_confined_but_keeps_its_gpus():

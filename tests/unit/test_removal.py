@@ -12,6 +12,8 @@ import pytest
 from gpuserve import layout, proxy_conf, removal, rollout
 from gpuserve.releases import Release, unreferenced
 
+from .helpers import make_inventory, settings_of
+
 NVME = "/srv/nvme"
 
 
@@ -135,9 +137,12 @@ def test_decommission_is_refused_naming_every_host_without_the_opt_in():
     assert "nothing was touched" in msg
 
 
-def test_the_unit_marker_is_the_templates_first_line():
-    from gpuserve.layers.units import TEMPLATES
-    first = (TEMPLATES / "gpuserve.service.j2").read_text().splitlines()[0]
+def test_the_unit_marker_is_the_units_first_line():
+    from gpuserve.host_plan import plan_host
+    from gpuserve.layers.units import engine_unit
+
+    plan = plan_host(settings_of(make_inventory(group="cpu")))
+    first = engine_unit(plan, plan.settings.deployments[0]).splitlines()[0]
     assert first == removal.UNIT_MARKER
 
 
