@@ -676,5 +676,10 @@ PYPI_RELEASES: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# (package, version) -> flag -> what its parser says of the value (type, choices,
+# range: gpuserve.engine_parser.describe), for the flags where it says anything
+FLAG_SPECS: dict[tuple[str, str], dict[str, dict]] = {
+}
+
 # uv overrides used only to install a pin for reading its parser
 GENERATED_WITH_OVERRIDES: tuple[str, ...] = ('vllm==0.34.0:flashinfer-python==0.7.4',)

@@ -84,7 +84,9 @@ def _text(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) ->
         f"  recipe:   {_describe_recipe(s)}",
         f"  engine:   {s.engine_package}=={s.engine_version}, python {s.python_version}, "
         f"torch backend {s.torch_backend}"
-        + (f", extra index {s.engine_index}" if s.engine_index else ""),
+        + (f", extra index {s.engine_index}" if s.engine_index else "")
+        + (f", flags from the config repo's {s.engine_overlays[pin].source}"
+           if (pin := (s.engine_package, s.engine_version)) in s.engine_overlays else ""),
         f"  model:    {s.model_repo}@{rev} ({s.model_source})",
     ]
     for name, sc in configs.items():
