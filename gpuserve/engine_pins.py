@@ -269,13 +269,13 @@ def flag_problems(package: str, version: str, config: Mapping[str, Any],
     out: list[tuple[str, str]] = []
     for flag, value in config.items():
         if flag not in pin.flags:
-            out.append((flag, f"{package}=={version} has no --{flag} (its parser, read into "
+            out.append((flag, f"{package}=={version} has no --{flag} (its parser, recorded in "
                               f"{pin.source})"))
             continue
         allowed = value_problem(pin.specs.get(flag), value)
         if allowed:
             out.append((flag, f"--{flag} {json.dumps(value)} is refused by {package}=={version}'s "
-                              f"parser: {allowed} (read into {pin.source})"))
+                              f"parser, which takes {allowed} (recorded in {pin.source})"))
     for feature in required_version(package, config):
         if version_tuple(version) < version_tuple(feature.min_version):
             out.append((feature.key.split(".")[0].split("=")[0],
@@ -300,20 +300,21 @@ CONVERT: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": s
 
 
 def value_problem(spec: Mapping[str, Any] | None, value: Any) -> str | None:
-    """What the parser takes, when ``value`` is not that (None when it is). ``spec`` None: the
+    """What the parser takes (after "which takes"), when ``value`` is not that (None when it
+    is). ``spec`` None: the
     parser was not described (gpuserve's own pins until they are generated again), nothing is
     checked; ``{}``: one value, any string. A type of the engine's own (vLLM's
     ``human_readable_int``) is left to the engine."""
     if spec is None:
         return None
     if spec.get("switch"):
-        return None if isinstance(value, bool) else "a switch: takes no value, set true or false"
+        return None if isinstance(value, bool) else "no value (a switch): set true or false"
     if value is None:   # the YAML config leaves a null out
         return None
     nargs = spec.get("nargs")
     tokens = _tokens(value)
     if tokens is None or value is False:
-        return None if nargs in ("?", "*") else "takes a value, not a switch's true or false"
+        return None if nargs in ("?", "*") else "a value (it is no switch: true or false is refused)"
     if len(tokens) != 1 and nargs not in ("*", "+") and not isinstance(nargs, int):
         return "one value, not a list"
     convert = CONVERT.get(spec.get("type") or "str")

@@ -130,11 +130,11 @@ def test_a_bad_file_says_what_is_wrong(change, name, message):
 @pytest.mark.parametrize("flag,value,allowed", [
     ("tensor-parallel-size", 8, None), ("tensor-parallel-size", "8", None),
     ("tensor-parallel-size", "eight", "an integer"), ("tensor-parallel-size", 2.5, "an integer"),
-    ("tensor-parallel-size", True, "takes a value"),
+    ("tensor-parallel-size", True, "it is no switch"),
     ("gpu-memory-utilization", 0.9, None), ("gpu-memory-utilization", 1.5, "from 0.0 to 1.0"),
     ("gpu-memory-utilization", "most", "a number"),
     ("dtype", "half", None), ("dtype", "float16", "one of auto, half, bfloat16, float32"),
-    ("enforce-eager", True, None), ("enforce-eager", False, None), ("enforce-eager", "yes", "a switch"),
+    ("enforce-eager", True, None), ("enforce-eager", False, None), ("enforce-eager", "yes", "no value (a switch)"),
     ("max-model-len", "32k", None),                       # the engine's own type: left to the engine
     ("seed", "None", None), ("seed", 3, None), ("seed", "x", "an integer"),
     ("api-key", ["a", "b"], None), ("served-model-name", ["a", "b"], "one value"),
@@ -182,10 +182,11 @@ def test_serve_flags_values_are_refused_naming_host_flag_value_and_what_is_allow
         "serve_flags": {"max-num-seqs": "lots", "dtype": "fp16", "enforce-eager": "yes"}}))
     assert len(problems) == 3, problems
     seqs = next(p for p in problems if "max-num-seqs" in p)
-    assert seqs.startswith("h1:") and '"lots"' in seqs and "an integer" in seqs and "vllm==0.35.0" in seqs
+    assert seqs.startswith("h1:") and "serve_flags.max-num-seqs" in seqs and '"lots"' in seqs
+    assert "vllm==0.35.0's parser, which takes an integer" in seqs
     dtype = next(p for p in problems if "dtype" in p)
     assert '"fp16"' in dtype and "one of auto, bfloat16, float, float16, float32, half" in dtype
-    assert any("enforce-eager" in p and "a switch" in p for p in problems)
+    assert any("enforce-eager" in p and "which takes no value (a switch)" in p for p in problems)
     # the same value under gpuserve's own 0.33.0 list: names only until it is generated again
     assert settings_of(make_inventory(group_data={"serve_flags": {"max-num-seqs": "lots"}}))
 
