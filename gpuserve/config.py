@@ -19,8 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from gpuserve import (engine_overlay, engine_pins, gateway, layout, monitoring, proxy_conf, receivers, recipes,
-                      rollout, schema, secret_sources, stack, tenants)
+from gpuserve import (engine_overlay, engine_pins, gateway, layout, monitoring, proxy_conf, receivers,
+                      recipes, rollout, schema, secret_sources, stack, tenants)
 from gpuserve.config_repo import engine_overlays
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
@@ -1097,7 +1097,8 @@ def validate_inventory(inventory: Inventory, *, require_revision: bool = True,
     settings: dict[str, HostSettings] = {}
     problems: list[Problem] = []
     # engines/ of the config repo: the directory pyinfra (or gpuserve plan) runs in, as group_data/
-    overlays = engine_overlays(os.getcwd())
+    pins, unusable = engine_overlays(os.getcwd())
+    overlays = (MappingProxyType(pins), unusable)
     for host in inventory:
         try:
             one, found = check_host(host, require_revision=require_revision, deploying=deploying,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuserve import engine_add, engine_overlay, engine_parser, engine_pins
+from gpuserve import engine_add, engine_overlay, engine_parser, engine_pins, recipes
 from gpuserve.cli import main
 from gpuserve.engine_flags import FLAGS
 from gpuserve.engine_pins import value_problem
@@ -75,7 +75,9 @@ def test_describe_reads_type_choices_switches_and_only_real_ranges():
     assert flags["served-model-name"] == {}
 
 
-FIXTURE = Path(__file__).parent / "fixtures" / "engines" / "vllm-0.34.0.json"
+# what `gpuserve engine add vllm==0.34.0` (and sglang==0.5.23) wrote in a real run, kept as fixtures
+FIXTURES = Path(__file__).parent / "fixtures" / "engines"
+FIXTURE = FIXTURES / "vllm-0.34.0.json"
 
 
 def fake_pin() -> engine_pins.Pin:
@@ -100,6 +102,18 @@ def test_the_fixture_is_gpuserves_own_vllm_0_34_list_with_what_each_value_takes(
     assert pin.specs["enforce-eager"] == {"switch": True}
     assert "float16" in pin.specs["dtype"]["choices"]
     assert not any("min" in s or "max" in s for s in pin.specs.values())   # vLLM's parser has no ranges
+
+
+@pytest.mark.parametrize("recipe,engine", [(r, e) for r in sorted(recipes.RECIPES) for e in ("vllm", "sglang")
+                                           if recipes.RECIPES[r].table(e) is not None
+                                           and recipes.RECIPES[r].uses_gpus])
+def test_every_recipes_values_parse_with_the_real_parser(recipe, engine):
+    name = {"vllm": "vllm-0.34.0.json", "sglang": "sglang-0.5.23.json"}[engine]
+    pin = engine_overlay.from_document(json.loads((FIXTURES / name).read_text()), f"engines/{name}")
+    flags = recipes.RECIPES[recipe].table(engine).flags
+    assert pin.flags == FLAGS[(pin.package, pin.version)]
+    assert engine_pins.flag_problems(pin.package, pin.version, flags, {(pin.package, pin.version): pin}) == []
+    assert sum(map(bool, (pin.specs[f] for f in flags))) >= len(flags) // 2   # most are checked
 
 
 def test_a_dump_becomes_a_file_and_reads_back_the_same():
@@ -165,6 +179,9 @@ def test_the_plan_reads_a_release_gpuserve_lacks_from_the_config_repo(tmp_path, 
     result = CliRunner().invoke(main, ["plan", "--profile", "hopper_x8", "--data", "engine_version=0.35.0"])
     assert result.exit_code == 0, result.output
     assert "vllm==0.35.0" in result.stdout and "engines/vllm-0.35.0.json" in result.stdout
+    result = CliRunner().invoke(main, ["plan", "--profile", "hopper_x8", "--format", "json",
+                                       "--data", "engine_version=0.35.0"])
+    assert json.loads(result.stdout)[0]["engine"]["flags_from"] == "engines/vllm-0.35.0.json"
 
 
 def test_a_flag_the_new_release_lacks_is_refused_naming_the_file(tmp_path, monkeypatch):
