@@ -300,17 +300,14 @@ CONVERT: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": s
 
 
 def value_problem(spec: Mapping[str, Any] | None, value: Any) -> str | None:
-    """What the parser takes (after "which takes"), when ``value`` is not that (None when it
-    is). ``spec`` None: the
-    parser was not described (gpuserve's own pins until they are generated again), nothing is
-    checked; ``{}``: one value, any string. A type of the engine's own (vLLM's
-    ``human_readable_int``) is left to the engine."""
-    if spec is None:
+    """What the parser takes (words after "which takes"), when ``value`` is not that; None
+    when it is. ``spec`` None: the parser was not described (gpuserve's own pins until they are
+    generated again), nothing is checked; ``{}``: one value, any string. A type of the engine's
+    own (vLLM's ``human_readable_int``) is left to the engine, and so are its choices."""
+    if spec is None or value is None:   # a None flag is removed before rendering
         return None
     if spec.get("switch"):
         return None if isinstance(value, bool) else "no value (a switch): set true or false"
-    if value is None:   # the YAML config leaves a null out
-        return None
     nargs = spec.get("nargs")
     tokens = _tokens(value)
     if tokens is None or value is False:
