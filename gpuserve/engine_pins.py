@@ -2,9 +2,10 @@
 
 Pure: no I/O, no pyinfra. The data comes from the engines themselves:
 
-- ``gpuserve.engine_flags``: every long option of the pinned engines' own parsers and the
-  torch each wheel requires (with torch's CUDA major from torch's own requirements), written by
-  ``dev/gen_engine_flags.py`` from the wheels on PyPI, never by hand;
+- ``gpuserve.engine_flags``: every long option of the pinned engines' own parsers (with what
+  each option's value takes: type, choices, switch) and the torch each wheel requires (with
+  torch's CUDA major from torch's own requirements), written by ``dev/gen_engine_flags.py``
+  from the wheels on PyPI, never by hand;
 - ``FEATURES`` below: the lowest engine version that serves a recipe feature the parser cannot
   see (values inside a JSON flag), each with the file in the engine's source that proves it.
 

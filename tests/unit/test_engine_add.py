@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from gpuserve import engine_add, engine_overlay, engine_parser, engine_pins, recipes
 from gpuserve.cli import main
-from gpuserve.engine_flags import FLAGS
+from gpuserve.engine_flags import FLAG_SPECS, FLAGS
 from gpuserve.engine_pins import value_problem
 
 from .helpers import make_inventory, problems_of, settings_of
@@ -98,6 +98,7 @@ def real_pin(version: str = "0.35.0", drop: str | None = None) -> engine_pins.Pi
 def test_the_fixture_is_gpuserves_own_vllm_0_34_list_with_what_each_value_takes():
     pin = engine_overlay.from_document(json.loads(FIXTURE.read_text()), "engines/vllm-0.34.0.json")
     assert pin.flags == FLAGS[("vllm", "0.34.0")]           # the same parser as the generated list
+    assert pin.specs == FLAG_SPECS[("vllm", "0.34.0")]      # read by the same generator
     assert pin.specs["tensor-parallel-size"] == {"type": "int"}
     assert pin.specs["enforce-eager"] == {"switch": True}
     assert "float16" in pin.specs["dtype"]["choices"]
@@ -204,8 +205,10 @@ def test_serve_flags_values_are_refused_naming_host_flag_value_and_what_is_allow
     dtype = next(p for p in problems if "dtype" in p)
     assert '"fp16"' in dtype and "one of auto, bfloat16, float, float16, float32, half" in dtype
     assert any("enforce-eager" in p and "which takes no value (a switch)" in p for p in problems)
-    # the same value under gpuserve's own 0.33.0 list: names only until it is generated again
-    assert settings_of(make_inventory(group_data={"serve_flags": {"max-num-seqs": "lots"}}))
+    # gpuserve's own 0.33.0 list, from the same generator, checks values too
+    own = problems_of(make_inventory(group_data={"serve_flags": {"max-num-seqs": "lots"}}))
+    assert len(own) == 1 and "vllm==0.33.0's parser, which takes an integer" in own[0]
+    assert "gpuserve/engine_flags.py" in own[0]
 
 
 def test_an_overlay_of_a_release_gpuserve_has_is_used_and_said(tmp_path, monkeypatch):
