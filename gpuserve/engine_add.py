@@ -126,6 +126,18 @@ def cuda_major(torch_version: str, wheels: Path) -> str:
     return "cpu"
 
 
+def newest(versions: tuple[str, ...], count: int) -> list[str]:
+    """The ``count`` highest of ``versions`` (PEP 440 order; PyPI lists them as strings), highest last."""
+    from packaging.version import InvalidVersion, Version
+
+    def key(v: str) -> tuple:
+        try:
+            return (1, Version(v))
+        except InvalidVersion:
+            return (0, v)
+    return sorted(versions, key=key)[-count:]
+
+
 def pypi_facts(package: str, version: str, wheels: Path) -> tuple[tuple[str, ...], tuple[str, str] | None,
                                                                    list[str]]:
     """(the package's releases on PyPI, (torch pin, its CUDA major) or None, the pin's exact
@@ -133,7 +145,7 @@ def pypi_facts(package: str, version: str, wheels: Path) -> tuple[tuple[str, ...
     releases = tuple(simple(package).get("versions", []))
     if version not in releases:
         raise click.ClickException(f"{package}=={version} is not on PyPI (its newest releases there: "
-                                   f"{', '.join(releases[-8:]) or 'none'})")
+                                   f"{', '.join(newest(releases, 8)) or 'none'})")
     reqs = requirements(metadata(package, version, wheels))
     missing = []
     for req in reqs:

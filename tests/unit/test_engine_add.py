@@ -258,3 +258,7 @@ def test_requirements_apply_on_the_hosts_platform_only():
     reqs = engine_add.requirements(meta)
     assert [r.name for r in reqs] == ["torch", "flashinfer-python", "numpy"]
     assert [engine_add.exact(r) for r in reqs] == ["2.14.0", "0.7.3", None]
+
+
+def test_the_newest_releases_are_named_in_version_order():
+    assert engine_add.newest(("0.10.0", "0.9.2", "0.34.0", "0.4.0.post1", "0.8.5"), 3) == ["0.9.2", "0.10.0", "0.34.0"]
