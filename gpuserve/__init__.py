@@ -16,6 +16,8 @@ Settings and plans (pure: no host access)
     recipes         hardware recipes: settings + a deployment -> the exact serve configuration
     engine_pins     which engine package and version a host installs, and what that pin serves
     engine_flags    the serve flags and torch pins of every engine pin gpuserve knows
+    engine_overlay  a config repo's own engine releases (engines/*.json): the file format, checked
+    engine_parser   an engine's serve parser described (standard library; runs in the engine's venv)
     packages        facts about engine packages by name
     layout          where things live on a served host (paths, unit names, the service user)
 What goes onto hosts, rendered on the control node (pure)
@@ -46,12 +48,13 @@ The control node
     fanout_agent    the fan-out's host agent and its fleet key's forced command (standard library)
     fanout_push     the control node's part of the fan-out: each stripe once, to its root
     wheelhouse      an engine's wheels gathered once for offline installs
+    engine_add      ``gpuserve engine add``: a release's flags and pins from PyPI and its parser
     api_keys        secret environment values, read at deploy time
     secret_sources  where a secret comes from: a file, or a command whose output stays in memory
     locks           a lock file on the control node (fcntl)
 The ``gpuserve`` command
-    cli             the command and its subcommands (plan, status, wheelhouse, resolve, top); the
-                    sandbox (sandbox/, a distribution of its own) adds ``gpuserve sandbox``
+    cli             the command and its subcommands (plan, status, wheelhouse, resolve, top,
+                    engine); the sandbox (sandbox/, a distribution of its own) adds ``gpuserve sandbox``
     plan            ``gpuserve plan``: what each host would serve, without touching a host
     status          ``gpuserve status``: what runs on each host and whether it answers
     top             ``gpuserve top``: the fleet live, from Prometheus

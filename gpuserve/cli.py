@@ -21,6 +21,7 @@ import click
 from gpuserve import top as top_view
 from gpuserve.checkpoints import resolve_command
 from gpuserve.config import ConfigError, validate_inventory
+from gpuserve.engine_add import engine
 from gpuserve.monitoring import MONITOR_GROUP
 from gpuserve.monitoring_export import monitoring_export
 from gpuserve.plan import _override_data, limit_hosts, load_inventory, plan
@@ -155,6 +156,7 @@ main.add_command(top)
 main.add_command(monitoring_export)
 main.add_command(wheelhouse)
 main.add_command(resolve_command)
+main.add_command(engine)
 
 
 def add_commands(group: click.Group, found: Iterable[EntryPoint] | None = None) -> None:

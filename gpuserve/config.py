@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -18,8 +19,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from gpuserve import (engine_pins, gateway, layout, monitoring, proxy_conf, receivers, recipes,
-                      rollout, schema, secret_sources, stack, tenants)
+from gpuserve import (engine_overlay, engine_pins, gateway, layout, monitoring, proxy_conf, receivers,
+                      recipes, rollout, schema, secret_sources, stack, tenants)
+from gpuserve.config_repo import engine_overlays
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import GPU_MODELS, HardwareProfile
 from gpuserve.releases import RELEASE_ID
@@ -193,6 +195,9 @@ class HostSettings:
     # --- one render per host (issue 11): each deployment's serve config, rendered once by
     # validation (recipes.render) and read by every layer, `gpuserve plan` and the gate ---
     serve_configs: Mapping[str, recipes.ServeConfig] = field(default_factory=lambda: MappingProxyType({}))
+    # the config repo's own engine releases (engines/*.json, gpuserve.engine_overlay), which every
+    # engine pin check reads beside gpuserve's generated data (gpuserve.engine_pins.choose)
+    engine_overlays: engine_pins.Overlays = field(default_factory=lambda: MappingProxyType({}))
     # --- patching (docs/patching.md) ---
     patch_last_gateway: bool = schema.default("patch_last_gateway")  # deploys/patch.py may take the last serving gateway down
 
@@ -225,9 +230,12 @@ class HostSettings:
 class _Checker:
     """Reads one host's data and collects problems instead of stopping at the first."""
 
-    def __init__(self, host: Host, deploying: bool = False):
+    def __init__(self, host: Host, deploying: bool = False,
+                 overlays: tuple[engine_pins.Overlays, list[str]] | None = None):
         self.host = host
         self.deploying = deploying  # a pyinfra run: what only a deploy needs must exist now
+        # the config repo's engines/*.json, and a line per file of it the plan cannot use
+        self.overlays, self.overlay_errors = overlays or (MappingProxyType({}), [])
         self.name = host.name
         self.problems: list[Problem] = []
         self.warnings: list[str] = []
@@ -411,7 +419,7 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
     if backend is None and recipe is not None:
         backend = recipes.RECIPES[recipe].torch_backend
         if package is not None and version is not None:
-            backend = engine_pins.default_torch_backend(package, version, backend)
+            backend = engine_pins.default_torch_backend(package, version, backend, c.overlays)
     elif backend == "auto":
         c.problem("torch_backend", "'auto' is refused: uv picks the CUDA build from the driver it "
                   "finds and can pick one the engine wheel was not built for (cu130 for a cu129 "
@@ -421,8 +429,15 @@ def _engine(c: _Checker, recipe: str | None) -> dict[str, Any]:
         c.problem("torch_backend", f"{backend!r} is not allowed; use cu126, cu128, cu129, cu130, "
                   "rocmX.Y or cpu")
         backend = None
+    for error in c.overlay_errors:
+        c.problem("engine_version", error, f"config repo {engine_overlay.FOLDER}/")
+    if package is not None and version is not None:
+        note = engine_pins.choose(package, version, c.overlays)[1]
+        if note:
+            c.warnings.append(note)
     return dict(engine=engine, engine_version=version, engine_package=package,
-                python_version=python, torch_backend=backend, engine_index=index)
+                python_version=python, torch_backend=backend, engine_index=index,
+                engine_overlays=c.overlays)
 
 
 def _engine_build(c: _Checker) -> dict[str, Any]:
@@ -973,11 +988,13 @@ def _monitor(c: _Checker) -> monitoring.MonitorSettings | None:
 # --- end of monitoring ---
 
 
-def check_host(host: Host, *, require_revision: bool = True,
-               deploying: bool = False) -> tuple[HostSettings | None, list[Problem]]:
+def check_host(host: Host, *, require_revision: bool = True, deploying: bool = False,
+               overlays: tuple[engine_pins.Overlays, list[str]] | None = None,
+               ) -> tuple[HostSettings | None, list[Problem]]:
     """Settings for one pyinfra host, and every problem found (settings None when any).
-    ``deploying``: a pyinfra run, where files only a deploy reads must exist already."""
-    c = _Checker(host, deploying)
+    ``deploying``: a pyinfra run, where files only a deploy reads must exist already.
+    ``overlays``: the config repo's engine releases (gpuserve.config_repo.engine_overlays)."""
+    c = _Checker(host, deploying, overlays)
     _unknown_keys(c)
     _login(c)
     _host_names(c)
@@ -1079,9 +1096,13 @@ def validate_inventory(inventory: Inventory, *, require_revision: bool = True,
     Never a traceback: a value the checks did not foresee is reported against its host too."""
     settings: dict[str, HostSettings] = {}
     problems: list[Problem] = []
+    # engines/ of the config repo: the directory pyinfra (or gpuserve plan) runs in, as group_data/
+    pins, unusable = engine_overlays(os.getcwd())
+    overlays = (MappingProxyType(pins), unusable)
     for host in inventory:
         try:
-            one, found = check_host(host, require_revision=require_revision, deploying=deploying)
+            one, found = check_host(host, require_revision=require_revision, deploying=deploying,
+                                    overlays=overlays)
         except Exception as exc:  # noqa: BLE001 - one host's surprise must not hide the others
             one, found = None, [Problem(host.name, "its data", "?", f"validation failed on a value "
                                         f"gpuserve did not expect ({type(exc).__name__}: {exc}); "

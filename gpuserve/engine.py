@@ -217,7 +217,8 @@ def spec_for(settings: HostSettings, wheelset: str | None = None) -> EngineSpec:
     if excludes is None:
         excludes = default_excludes(settings.engine_package)
     recipe = recipes.RECIPES[settings.recipe]
-    pypi_backend = engine_pins.pypi_torch_backend(settings.engine_package, settings.engine_version)
+    pypi_backend = engine_pins.pypi_torch_backend(settings.engine_package, settings.engine_version,
+                                                  settings.engine_overlays)
     torch_arg = not (settings.torch_backend == pypi_backend
                      or (recipe.rocm and settings.engine_index))
     return EngineSpec(

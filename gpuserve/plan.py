@@ -17,7 +17,7 @@ import click
 from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
-from gpuserve import hardware, recipes
+from gpuserve import engine_pins, hardware, recipes
 from gpuserve.host_plan import HostPlan, plan_host
 from gpuserve.config import ConfigError, HostSettings, validate_inventory
 from gpuserve.config_repo import no_group_data_hint
@@ -60,6 +60,12 @@ def profile_inventory(profile: str, override_data: dict[str, Any] | None = None)
                      **{profile: ([profile], dict(PROFILE_HARDWARE[profile]))})
 
 
+def _flags_from(s: HostSettings) -> str | None:
+    """Where the pin's flag list comes from: gpuserve's generated list or the config repo's file."""
+    pin = engine_pins.choose(s.engine_package, s.engine_version, s.engine_overlays)[0]
+    return pin.source if pin is not None else None
+
+
 def _describe_recipe(s: HostSettings) -> str:
     how = "set explicitly" if s.recipe_explicit else "derived from the hardware"
     return f"{s.recipe} ({how}): {recipes.RECIPES[s.recipe].summary}"
@@ -84,7 +90,9 @@ def _text(s: HostSettings, configs: Mapping[str, ServeConfig], profile: bool) ->
         f"  recipe:   {_describe_recipe(s)}",
         f"  engine:   {s.engine_package}=={s.engine_version}, python {s.python_version}, "
         f"torch backend {s.torch_backend}"
-        + (f", extra index {s.engine_index}" if s.engine_index else ""),
+        + (f", extra index {s.engine_index}" if s.engine_index else "")
+        + (f", flags from the config repo's {_flags_from(s)}"
+           if (s.engine_package, s.engine_version) in s.engine_overlays else ""),
         f"  model:    {s.model_repo}@{rev} ({s.model_source})",
     ]
     for name, sc in configs.items():
@@ -113,7 +121,7 @@ def _json(p: HostPlan, profile: bool) -> dict[str, Any]:
         "recipe_explicit": s.recipe_explicit,
         "engine": {"name": s.engine, "package": s.engine_package, "version": s.engine_version,
                    "python": s.python_version, "torch_backend": s.torch_backend,
-                   "index": s.engine_index},
+                   "index": s.engine_index, "flags_from": _flags_from(s)},
         "model": {"repo": s.model_repo, "revision": s.model_revision, "source": s.model_source},
         "deployments": {
             name: {

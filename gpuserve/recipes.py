@@ -464,12 +464,13 @@ class _Render:
     def known_flags(self) -> frozenset[str] | None:
         """The flags the host's exact engine pin parses (None: no list; the pin is refused)."""
         package, version = self.s.engine_package, self.s.engine_version
-        return engine_pins.flags(package, version) if engine_pins.known(package, version) else None
+        pin = engine_pins.choose(package, version, self.s.engine_overlays)[0]
+        return pin.flags if pin is not None else None
 
     def pin_checks(self) -> None:
         """Recipe flags the pinned parser lacks, and features newer than the pin."""
-        for flag, message in engine_pins.flag_problems(self.s.engine_package,
-                                                       self.s.engine_version, self.flags):
+        for flag, message in engine_pins.flag_problems(self.s.engine_package, self.s.engine_version,
+                                                       self.flags, self.s.engine_overlays):
             where = self.origin.get(flag, ("engine_version", self.s.source("engine_version")))
             if where[0] == "recipe" or where == self.s.recipe_origin:
                 where = ("engine_version", self.s.source("engine_version"))
@@ -711,7 +712,7 @@ def _pin_problems(s: HostSettings) -> list[Problem]:
             for key, message in engine_pins.pin_problems(s.engine_package, s.engine_version,
                                                          s.torch_backend, RECIPES[s.recipe].rocm,
                                                          s.engine_index, s.engine_overrides or (),
-                                                         s.python_version)]
+                                                         s.python_version, s.engine_overlays)]
 
 
 def render(settings: HostSettings) -> tuple[dict[str, ServeConfig], list[Problem]]:

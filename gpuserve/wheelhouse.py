@@ -267,7 +267,7 @@ def _torch_index(option: str, s) -> str | None:
         return option
     if s.engine_index:
         return s.engine_index  # e.g. vLLM's ROCm index, which carries its torch
-    if s.torch_backend == engine_pins.pypi_torch_backend(s.engine_package, s.engine_version):
+    if s.torch_backend == engine_pins.pypi_torch_backend(s.engine_package, s.engine_version, s.engine_overlays):
         return None  # PyPI's torch is the backend's build
     return "pytorch"
 

@@ -94,7 +94,8 @@ def test_a_flag_the_pinned_parser_lacks_is_refused():
 
 def test_an_unknown_pin_is_refused_naming_what_is_known():
     problems = problems_of(make_inventory(group_data={"engine_version": "0.35.0"}))
-    assert len(problems) == 1 and "0.33.0" in problems[0] and "dev/gen_engine_flags.py" in problems[0]
+    assert len(problems) == 1 and "0.33.0" in problems[0], problems
+    assert "gpuserve engine add vllm==0.35.0" in problems[0] and "config repo's engines/: none" in problems[0]
 
 
 def test_cu130_from_pypi_needs_no_pytorch_index():
