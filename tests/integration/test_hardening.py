@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuserve import layout
+from gpuserve.layers.secrets_ops import SHM_UPLOAD
 from gpuserve_sandbox import fleet as fleet_view
 from gpuserve_sandbox.hosts import LOGIN_USER
 from gpuserve_sandbox.services import api_keys_path
@@ -327,8 +328,12 @@ def test_key_rotation_shows_no_secret_in_any_pyinfra_output(fleet, converged, sa
         assert ps_log.count("COMMAND") > 10, ps_log[:300]      # ps really sampled during the run
         if os.environ["GPUSERVE_SANDBOX_LOGIN"] != "root":
             sudo_log = [line for line in journal.splitlines() if "COMMAND=" in line]
-            assert any(f"/{LOGIN_USER}/.gpuserve-upload/" in line for line in sudo_log), sudo_log[-5:]
-            assert not sandbox.ssh(host, f"ls -A ~{LOGIN_USER}/.gpuserve-upload").stdout.strip()
+            # the keys are credentials (issue 29): uploaded through the login user's tmpfs
+            # directory; other secret files through ~/.gpuserve-upload. Either way, by sudo
+            uploads = (f"/{LOGIN_USER}/.gpuserve-upload/", f"{SHM_UPLOAD}-{LOGIN_USER}/")
+            assert any(u in line for line in sudo_log for u in uploads), sudo_log[-5:]
+            assert not sandbox.ssh(host, f"find ~{LOGIN_USER}/.gpuserve-upload {SHM_UPLOAD}-{LOGIN_USER} "
+                                         "-mindepth 1 2>/dev/null || true").stdout.strip()
         for name, out in (("--dry --diff -vvv", dry.output), ("--diff -vvv --debug", run.output),
                           ("the host's journal (sudo's log)", journal), ("ps on the host", ps_log)):
             for secret in (old, new, old_op, new_op, engine_key):
@@ -342,7 +347,8 @@ def test_key_rotation_shows_no_secret_in_any_pyinfra_output(fleet, converged, sa
         _converge(sandbox, fleet).check()
     assert _request(sandbox, fleet, "GET", "/v1/models", old)[0] == 200
     # secrets only in root-only places: 0700 dirs, 0600 files, staged in a 0700 dir
-    out = sandbox.ssh(fleet["host"], "stat -c '%n %a %U' /etc/nginx/gpuserve /etc/gpuserve/.staging "
+    # -L: the keys are credentials (issue 29), links to their plaintext in /run, a tmpfs
+    out = sandbox.ssh(fleet["host"], "stat -L -c '%n %a %U' /etc/nginx/gpuserve /etc/gpuserve/.staging "
                       f"/etc/nginx/gpuserve/{DEP}.keys /etc/nginx/gpuserve/{DEP}.operator-keys "
                       f"/etc/nginx/gpuserve/tls.key {layout.deployment_dir(DEP)}/secrets.env").stdout
     modes = dict(line.split(" ", 1) for line in out.splitlines())
