@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,8 +37,9 @@ from pathlib import Path
 from benchfleet import INV, REPO, arguments, fleet, table
 
 from gpuserve import fanout, layout
-from gpuserve_sandbox import network
+from gpuserve_sandbox import fleet as fleet_view, network
 from gpuserve_sandbox.hub import publish_checkpoint
+from gpuserve_sandbox.runner import pyinfra_in_background
 
 NVME = "/srv/nvme"  # group_data/sandbox.py
 PLOT = REPO / "bench" / "fanout.png"
@@ -62,40 +60,33 @@ def extra_arguments(ap) -> None:
                     help="fresh-host converge: GiB beside the servable tiny model (default 1; 0: skip)")
 
 
+def random_file(path: Path, size: int, rng: random.Random) -> str:
+    """``size`` random bytes (incompressible: rsync and SSH cannot shrink them); their sha256."""
+    h = hashlib.sha256()
+    with open(path, "wb") as fh:
+        left = size
+        while left:
+            chunk = rng.randbytes(min(left, 8 << 20))
+            h.update(chunk)
+            fh.write(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
+
+
 def make_checkpoint(root: Path, gib: float, shards: int) -> dict:
-    """Random shards (incompressible: rsync and SSH cannot shrink them) and a config.json."""
+    """Random shards and a config.json."""
     root.mkdir(parents=True)
     rng = random.Random(24)
     each = int(gib * 2**30) // shards
     files = {}
     for i in range(1, shards + 1):
         name = f"model-{i:05d}-of-{shards:05d}.safetensors"
-        h = hashlib.sha256()
-        with open(root / name, "wb") as fh:
-            left = each
-            while left:
-                chunk = rng.randbytes(min(left, 8 << 20))
-                h.update(chunk)
-                fh.write(chunk)
-                left -= len(chunk)
-        files[name] = h.hexdigest()
+        files[name] = random_file(root / name, each, rng)
     cfg = json.dumps({"architectures": ["BenchFanout"], "shards": shards}).encode()
     (root / "config.json").write_bytes(cfg)
     files["config.json"] = hashlib.sha256(cfg).hexdigest()
     return {"files": files, "sizes": {n: (each if n != "config.json" else len(cfg)) for n in files},
             "total": each * shards + len(cfg)}
-
-
-def progress(sandbox, host, repo_dir: str, sha: str) -> dict:
-    out = sandbox.ssh(host, f"cat {layout.fanout_progress(repo_dir, sha)} 2>/dev/null || true",
-                      check=False).stdout.strip()
-    return json.loads(out) if out.startswith("{") else {}
-
-
-def sums(sandbox, host, repo_dir: str, sha: str) -> dict[str, str]:
-    out = sandbox.ssh(host, f"cd {repo_dir}/{sha} 2>/dev/null && sha256sum $(find . -type f ! -name '.*')",
-                      check=False, timeout=300)
-    return {line.split()[1][2:]: line.split()[0] for line in out.stdout.splitlines()}
 
 
 def stage(f, tmp: Path, ckpt: dict, src: Path, n: int, degree: int, kill: bool = False) -> dict:
@@ -116,46 +107,38 @@ def stage(f, tmp: Path, ckpt: dict, src: Path, n: int, degree: int, kill: bool =
     bridge = network.bridge_name(f.sandbox.instance)
     tx0 = network.tx_bytes(bridge)
     log_path = tmp / f"run-{n}{'-kill' if kill else ''}.log"
-    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
-    argv = [pyinfra, "-y", INV, "deploys/weights.py", "--data", "weights_fanout=hosts",
-            "--data", f"model_repo={repo}", "--data", f"model_revision={sha}",
-            "--data", f"weights_fanout_degree={degree}", "--data", "weights_progress_s=10",
-            "--data", f"weights_cache={cache}", *f.limit(n)]
+    extra = ["--data", "weights_fanout=hosts", "--data", f"model_repo={repo}", "--data", f"model_revision={sha}",
+             "--data", f"weights_fanout_degree={degree}", "--data", "weights_progress_s=10",
+             "--data", f"weights_cache={cache}", *f.limit(n)]
     print(f"\n== N = {n}{' (a parent killed mid-copy)' if kill else ''}: {repo}@{sha[:12]}", flush=True)
     killed_at = killed_epoch = None
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(f.sandbox.instance)})
-        try:
-            if kill:
-                vh = hosts[names.index(victim)]
-                deadline = time.monotonic() + 900
-                while time.monotonic() < deadline:   # bounded: until the victim holds half its stripe
-                    doc = progress(f.sandbox, vh, repo_dir, sha)
-                    if len([e for e in doc.get("events", []) if e["path"] in plan.stripes[stripe]]) \
-                            >= max(1, len(plan.stripes[stripe]) // 2):
-                        break
-                    if proc.poll() is not None:
-                        raise SystemExit(f"the run ended before the victim got its shards:\n"
-                                         f"{log_path.read_text()[-3000:]}")
-                    time.sleep(0.5)
-                else:
-                    raise SystemExit("the victim never verified half of its stripe")
-                f.sandbox._stop(vh)   # powered off for good: its namespace and links go with it
-                killed_at, killed_epoch = time.monotonic() - t0, time.time()
-                print(f"   {victim} powered off at {killed_at:.1f} s (a parent of {orphan})", flush=True)
-            proc.wait(timeout=3600)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    with open(log_path, "w") as log, pyinfra_in_background(INV, "deploys/weights.py", *extra,
+                                                           instance=f.sandbox.instance, log=log) as proc:
+        if kill:
+            vh = hosts[names.index(victim)]
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline:   # bounded: until the victim holds half its stripe
+                doc = fleet_view.fanout_progress(f.sandbox, vh, repo_dir, sha)
+                if len([e for e in doc.get("events", []) if e["path"] in plan.stripes[stripe]]) \
+                        >= max(1, len(plan.stripes[stripe]) // 2):
+                    break
+                if proc.poll() is not None:
+                    raise SystemExit(f"the run ended before the victim got its shards:\n"
+                                     f"{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+            else:
+                raise SystemExit("the victim never verified half of its stripe")
+            f.sandbox._stop(vh)   # powered off for good: its namespace and links go with it
+            killed_at, killed_epoch = time.monotonic() - t0, time.time()
+            print(f"   {victim} powered off at {killed_at:.1f} s (a parent of {orphan})", flush=True)
+        proc.wait(timeout=3600)
     wall = time.monotonic() - t0
     egress = network.tx_bytes(bridge) - tx0
     output = log_path.read_text()
     live = [h for h in hosts if h.name != victim]
-    docs = {h.name: progress(f.sandbox, h, repo_dir, sha) for h in live}
-    verified = {h.name: sums(f.sandbox, h, repo_dir, sha) == ckpt["files"] for h in live}
+    docs = {h.name: fleet_view.fanout_progress(f.sandbox, h, repo_dir, sha) for h in live}
+    verified = {h.name: fleet_view.checkpoint_sums(f.sandbox, h, f"{repo_dir}/{sha}") == ckpt["files"] for h in live}
     push = json.loads((Path(cache) / "fanout" / f"push-{sha}.state.json").read_text())
     starts = [d["started"] for d in docs.values() if d]
     ends = [max(e["t1"] for e in d["events"]) for d in docs.values() if d.get("events")]
@@ -194,37 +177,31 @@ def fresh_host(f, tmp: Path, gib: float, dead: str | None) -> dict:
     (src / "original").mkdir()
     parts = 8
     for i in range(parts):
-        with open(src / "original" / f"consolidated.{i:02d}.pth", "wb") as fh:
-            left = int(gib * 2**30) // parts
-            while left:
-                chunk = rng.randbytes(min(left, 8 << 20))
-                fh.write(chunk)
-                left -= len(chunk)
+        random_file(src / "original" / f"consolidated.{i:02d}.pth", int(gib * 2**30) // parts, rng)
     repo = "gpuserve-test/fanout-fresh"
     sha = publish_checkpoint(f.hub.root, repo, src, branch=None)
     repo_dir = layout.model_repo_dir(NVME, repo)
     host = next(h for h in f.hosts if h.name != dead)   # nothing of this run on it yet
-    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
-    argv = [pyinfra, "-y", INV, "deploys/serve.py", "--data", "weights_fanout=hosts",
-            "--data", f"model_repo={repo}", "--data", f"model_revision={sha}",
-            "--data", "weights_progress_s=10", "--data", f"weights_cache={tmp / 'cache-fresh'}",
-            "--limit", host.name]
+    extra = ["--data", "weights_fanout=hosts", "--data", f"model_repo={repo}", "--data", f"model_revision={sha}",
+             "--data", "weights_progress_s=10", "--data", f"weights_cache={tmp / 'cache-fresh'}",
+             "--limit", host.name]
     print(f"\n== fresh host {host.name}: deploys/serve.py, {repo}@{sha[:12]}", flush=True)
     marks: list[tuple[float, str]] = []
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(f.sandbox.instance)})
     lines = []
-    for line in proc.stdout:   # bounded by the run itself (its own timeouts end it)
-        line = ANSI.sub("", line)   # pyinfra styles the operation's name (bold) even into a pipe
-        lines.append(line)
-        if "Starting operation:" in line:
-            marks.append((time.monotonic() - t0, line.split("Starting operation:", 1)[1].strip()))
-    proc.wait(timeout=60)
+    t0 = time.monotonic()
+    with pyinfra_in_background(INV, "deploys/serve.py", *extra, instance=f.sandbox.instance,
+                               log=subprocess.PIPE) as proc:
+        for raw in proc.stdout:   # bounded by the run itself (its own timeouts end it)
+            # pyinfra styles the operation's name (bold) even into a pipe
+            line = ANSI.sub("", raw.decode(errors="replace"))
+            lines.append(line)
+            if "Starting operation:" in line:
+                marks.append((time.monotonic() - t0, line.split("Starting operation:", 1)[1].strip()))
+        proc.wait(timeout=60)
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"fresh host converge failed:\n{''.join(lines)[-4000:]}")
-    doc = progress(f.sandbox, host, repo_dir, sha)
+    doc = fleet_view.fanout_progress(f.sandbox, host, repo_dir, sha)
 
     Path(FRESH_LOG).write_text("".join(lines))
 

@@ -50,6 +50,20 @@ def pointers(sandbox: Sandbox, host: SandboxHost, deployment: str) -> tuple[str,
     return (ids + ["", ""])[0], (ids + ["", ""])[1]
 
 
+def checkpoint_sums(sandbox: Sandbox, host: SandboxHost, revision_dir: str) -> dict[str, str]:
+    """{relative path: sha256} of every file of a staged revision on the host ({} when absent)."""
+    out = sandbox.ssh(host, f"cd {revision_dir} 2>/dev/null && sha256sum $(find . -type f ! -name '.*' | sort)",
+                      check=False, timeout=300)
+    return {line.split()[1][2:]: line.split()[0] for line in out.stdout.splitlines()}
+
+
+def fanout_progress(sandbox: Sandbox, host: SandboxHost, repo_dir: str, sha: str) -> dict:
+    """The host's weights fan-out progress document for one revision ({} when there is none)."""
+    out = sandbox.ssh(host, f"cat {layout.fanout_progress(repo_dir, sha)} 2>/dev/null || true",
+                      check=False).stdout.strip()
+    return json.loads(out) if out.startswith("{") else {}
+
+
 def main_pid(sandbox: Sandbox, host: SandboxHost, deployment: str) -> str:
     unit = layout.unit_name(deployment)
     return sandbox.ssh(host, f"systemctl show -p MainPID --value {unit}").stdout.strip()

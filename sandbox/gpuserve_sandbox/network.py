@@ -198,8 +198,13 @@ def shaped_links(instance: int, machines: list[str]) -> list[tuple[str | None, s
     return links
 
 
+def _in(ns: str | None) -> list[str]:
+    """The prefix that runs a command inside network namespace ``ns`` (None: on this machine)."""
+    return ["ip", "netns", "exec", ns] if ns else []
+
+
 def _tc(ns: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return run([*(["ip", "netns", "exec", ns] if ns else []), "tc", *args], check=check)
+    return run([*_in(ns), "tc", *args], check=check)
 
 
 def shape(instance: int, machines: list[str], rate_mbit: float) -> None:
@@ -218,6 +223,6 @@ def unshape(instance: int, machines: list[str]) -> None:
 
 def tx_bytes(dev: str, ns: str | None = None) -> int:
     """Bytes the device has sent (this machine's device, or one inside a host's namespace)."""
-    out = run([*(["ip", "netns", "exec", ns] if ns else []), "cat",
+    out = run([*_in(ns), "cat",
                f"/sys/class/net/{dev}/statistics/tx_bytes"], check=False).stdout
     return int(out.strip() or 0)

@@ -16,16 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from gpuserve import fanout, layout
+from gpuserve_sandbox import fleet as fleet_view
 from gpuserve_sandbox.hub import publish_checkpoint
-from gpuserve_sandbox.runner import REPO
+from gpuserve_sandbox.runner import pyinfra_in_background
 
 NVME = "/srv/nvme"  # group_data/sandbox.py
 MODEL = "gpuserve-test/fanout"
@@ -68,15 +66,11 @@ def data(ckpt, cache) -> list[str]:
 
 
 def sums(sandbox, host, sha: str) -> dict[str, str]:
-    out = sandbox.ssh(host, f"cd {REPO_DIR}/{sha} && sha256sum $(find . -type f ! -name '.*' | sort)",
-                      check=False)
-    return {line.split()[1][2:]: line.split()[0] for line in out.stdout.splitlines()}
+    return fleet_view.checkpoint_sums(sandbox, host, f"{REPO_DIR}/{sha}")
 
 
 def progress(sandbox, host, sha: str) -> dict:
-    out = sandbox.ssh(host, f"cat {layout.fanout_progress(REPO_DIR, sha)} 2>/dev/null || true",
-                      check=False).stdout.strip()
-    return json.loads(out) if out.startswith("{") else {}
+    return fleet_view.fanout_progress(sandbox, host, REPO_DIR, sha)
 
 
 def kill_host(sandbox, host) -> None:
@@ -96,28 +90,21 @@ def test_a_parent_killed_mid_copy_does_not_stop_its_children(sandbox, hosts, ckp
     victim = hosts[names.index(victim_name)]
     sandbox_hub.reset_stats()
     log_path = os.path.join(cache, "..", "fanout-run.log")
-    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([pyinfra, "-y", INVENTORY, DEPLOY, *data(ckpt, cache)], cwd=REPO,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "GPUSERVE_SANDBOX_INSTANCE": str(sandbox.instance)})
-        try:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:  # bounded: until the victim serves a verified shard
-                doc = progress(sandbox, victim, ckpt["sha"])
-                if any(e["path"] in plan.stripes[stripe] for e in doc.get("events", [])):
-                    break
-                assert proc.poll() is None, open(log_path).read()[-4000:]
-                time.sleep(0.3)
-            else:
-                pytest.fail("the victim never verified a shard of its stripe")
-            kill_host(sandbox, victim)
-            killed_at = time.monotonic() - t0
-            proc.wait(timeout=600)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    with open(log_path, "w") as log, pyinfra_in_background(INVENTORY, DEPLOY, *data(ckpt, cache),
+                                                           instance=sandbox.instance, log=log) as proc:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # bounded: until the victim serves a verified shard
+            doc = progress(sandbox, victim, ckpt["sha"])
+            if any(e["path"] in plan.stripes[stripe] for e in doc.get("events", [])):
+                break
+            assert proc.poll() is None, open(log_path).read()[-4000:]
+            time.sleep(0.3)
+        else:
+            pytest.fail("the victim never verified a shard of its stripe")
+        kill_host(sandbox, victim)
+        killed_at = time.monotonic() - t0
+        proc.wait(timeout=600)
     output = open(log_path).read()
     stage_s = time.monotonic() - t0
     live = [h for h in hosts if h.name != victim_name]
