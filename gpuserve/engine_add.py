@@ -37,6 +37,7 @@ import click
 from gpuserve import engine_overlay, engine_parser
 from gpuserve.engine import DEFAULT_EXCLUDES
 from gpuserve.engine_pins import Pin
+from gpuserve.packages import normalize as canonical   # PEP 503's name
 
 SIMPLE = "https://pypi.org/simple/{name}/"
 # the platform gpuserve's hosts are: which of a wheel's requirements apply
@@ -52,11 +53,6 @@ def work_dir() -> Path:
     """Where the throwaway venvs and downloaded wheels go: ``$XDG_CACHE_HOME/gpuserve/engine-add``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(base) / "gpuserve" / "engine-add"
-
-
-def canonical(name: str) -> str:
-    """PEP 503's normalized name (``Flashinfer_Python`` -> ``flashinfer-python``)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 # --- PyPI ----------------------------------------------------------------------------------------
