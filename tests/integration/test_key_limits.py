@@ -2,9 +2,10 @@
 
 One cpu host behind the proxy. The sandbox's client key keeps the host's limits
 (`proxy_conn_per_key` 32); a tenant `solo` has one key, given by a command, with
-`conn_per_key = 1`. While a streamed completion of the tenant's key is in flight (its first chunk
-read), a second request with that key gets 429 and the sandbox key is served (200). No timing:
-the held stream is what makes the second request the tenant's second connection. The access log
+`conn_per_key = 1`. While a chat of the tenant's key is in flight at the proxy (held while nginx
+reads its body: `gpuserve_sandbox.fleet.held_prompt`), a second request with that key gets 429
+and the sandbox key is served (200). No timing: the held request is what makes the second one
+the tenant's second connection. The access log
 names the tenant's id (c-solo-1), never the key.
 
 Slow (a fresh cpu host's engine install and start): about 5 minutes on 2 cores.
@@ -12,7 +13,6 @@ Slow (a fresh cpu host's engine install and start): about 5 minutes on 2 cores.
 
 from __future__ import annotations
 
-import http.client
 import json
 import secrets
 import ssl
@@ -43,25 +43,11 @@ def fleet(make_hosts, sandbox, sandbox_hub, sandbox_wheelhouse, tmp_path_factory
             "certs": tmp_path_factory.mktemp("certs")}
 
 
-def _stream(sandbox, host, certs, key) -> http.client.HTTPSConnection:
-    """A streamed completion, left open after its first chunk (it is in flight at the proxy)."""
-    ctx = ssl.create_default_context(cafile=str(fleet_view.host_ca(sandbox, host, certs)))
-    ctx.check_hostname = False
-    conn = http.client.HTTPSConnection(host.ip, fleet_view.PROXY_PORT, context=ctx, timeout=120)
-    body = {"model": "tiny-chat", "max_tokens": 2000, "stream": True, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "Count."}]}
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200, resp.read()
-    assert resp.readline()   # the first chunk arrived: the request is in flight
-    conn._held = resp   # noqa: SLF001 (kept open until closed)
-    return conn
-
-
 def test_one_key_gets_429_while_the_other_is_served(fleet, sandbox):
     host, certs = fleet["host"], fleet["certs"]
-    held = _stream(sandbox, host, certs, fleet["solo"])
+    ctx = ssl.create_default_context(cafile=str(fleet_view.host_ca(sandbox, host, certs)))
+    ctx.check_hostname = False
+    held = fleet_view.held_prompt(host.ip, ctx, fleet["solo"])
     try:
         status, body = fleet_view.chat(sandbox, host, certs, fleet["solo"], "tiny-chat")
         assert status == 429, body
