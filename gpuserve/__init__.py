@@ -37,6 +37,7 @@ What goes onto hosts, rendered on the control node (pure)
     receivers       alertmanager's receivers from ``alert_receivers`` (webhook, email, Slack, PagerDuty)
     grafana         the Grafana dashboards
     weights         checkpoint revisions on disk: manifests, hardlink or fetch, verification
+    engine_cache    engine compile caches shared across hosts: seed names and commands
     removal         what the plan no longer keeps on a host, from its footprint
 Moves (pure: which host moves when, and the commands of one move; docs/rollout.md)
     rollout         release moves, batches, the rollout lock's commands
@@ -81,6 +82,7 @@ layers/: pyinfra ``@deploy`` layers, the custom operations they use, and the rol
     rotation        out, drained and back in: the first and last steps of every move
     gate            the readiness gate of a move
     canary_bake     the canary bake after an upgrade's first batch
+    cache_seed      a move's engine-cache seed: unpacked before the start, published after the gate
     remote          commands a rollout runs on other hosts, each bounded in time
 facts/: pyinfra facts, each beside its pure parser
     admission       everything the admission checks read, in one round trip

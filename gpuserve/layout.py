@@ -64,6 +64,11 @@ def checkpoint_dir(nvme_path: str, repo_id: str, sha: str) -> str:
     return posixpath.join(model_repo_dir(nvme_path, repo_id), sha)
 
 
+# an engine-cache seed on its way into a host's cache dir (gpuserve.engine_cache); the unpack
+# removes it, and the pack's output beside it (``<this>.<deployment>.out``) is removed once fetched
+CACHE_SEED_UPLOAD = "/var/tmp/gpuserve-cache-seed.tar.gz"
+
+
 def cache_dir(nvme_path: str, deployment: str) -> str:
     return posixpath.join(gpuserve_root(nvme_path), "cache", deployment)
 

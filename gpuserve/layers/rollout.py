@@ -25,7 +25,7 @@ from pyinfra.operations import python
 from gpuserve import layout, patch, rollout
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan
-from gpuserve.layers import canary_bake, rotation, stack_move
+from gpuserve.layers import cache_seed, canary_bake, rotation, stack_move
 from gpuserve.layers.gate import gate as _gate
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.deployment import Deployment, DeploymentState
@@ -393,6 +393,7 @@ def _move_deployment(h, move: Move, s: HostSettings) -> None:
     old_current = before[0].rsplit("/", 1)[-1] if before else None
     old_previous = before[1].rsplit("/", 1)[-1] if len(before) > 1 else None
     t0 = time.monotonic()
+    cache_seed.seed(h, s, move.deployment, move.to_release)
     logger.info(f"    [{h.name}] {move}: stopping, switching, starting")
     _switch(h, move, move.to_release, move.previous, s)
     ok, why = _gate(h, s, move.deployment)
@@ -400,6 +401,7 @@ def _move_deployment(h, move: Move, s: HostSettings) -> None:
         logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
                     f"after {time.monotonic() - t0:.0f} s")
         rotation.back_in(h, s, move.deployment)
+        cache_seed.publish(h, s, move.deployment, move.to_release)
         return
     logger.warning(f"    [{h.name}] {move.deployment} failed its gate on {move.to_release}: {why}")
     if old_current == move.to_release:   # resuming an interrupted move: back to what it left

@@ -24,7 +24,7 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import api_keys, engine_guard, layout, rollout, templating
 from gpuserve.config import DeploymentSettings, HostSettings
-from gpuserve.layers import secrets_ops
+from gpuserve.layers import cache_seed, secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
 from gpuserve.facts.deployment import Deployment, DeploymentState, ReleaseRecords
 from gpuserve.host_plan import HostPlan
@@ -164,6 +164,8 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
     restart = (switch or unit.will_change or changed_secrets
                or state.active_state in ("", "inactive", "failed")
                or (state.active_state == "active" and state.health != 200))
+    if switch:   # a release's first start on this host: from the fleet's compiled caches
+        cache_seed.seed_operation(settings, name, rid)
     if restart:
         server.shell(name=f"{name}: (re)start the engine",
                      # the stop drains in-flight requests; the start's reset-failed may fail
@@ -172,6 +174,8 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
         server.shell(name=f"{name}: readiness gate (/health, /v1/models, chat"
                           + (", tool call)" if tools_enabled(serve) else ")"),
                      commands=[gate_command(dep, tool=tools_enabled(serve), timeout=dep.ready_timeout_s)])
+    if after.current == rid:
+        cache_seed.publish_operation(settings, name, rid)
     if settings.proxy:  # serving: in the proxy's rotation, even if a killed rollout left it out
         files.file(name=f"{name}: in the proxy's rotation (no drain flag)", path=rollout.drain_flag(name),
                    present=False)
