@@ -186,7 +186,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
                 engine_host: str, engine_port: int, drain_flag: str, read_timeout_s: int,
                 operator_networks: Sequence[str], limits: ProxyLimits,
                 gateways: Sequence[str] = (), admin_routes: bool = True, tenants_http: str = "",
-                tenants_server: str = "") -> str:
+                tenants_server: str = "", tenant_conns: Sequence[tuple[str, int]] = ()) -> str:
     """The front of one deployment (conf.d/gpuserve-<deployment>.conf; templates/nginx-site.conf.j2).
     /health is open; the client routes (CLIENT_ROUTES) need a client or operator key; the
     monitoring routes (MONITOR_ROUTES) an operator key or a peer in ``operator_networks``; every
@@ -197,7 +197,9 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
     anywhere else a client key gets 403. The per-address limit does not count the gateways (they
     carry the whole fleet's traffic). ``admin_routes=False``: no route but /health and the client
     routes is proxied, for any key (the gateway's front: smg's admin API stays on its loopback).
-    ``tenants_http``/``tenants_server``: gpuserve.tenants' lines, at http and server level. Every
+    ``tenants_http``/``tenants_server``: gpuserve.tenants' lines, at http and server level;
+    ``tenant_conns``: its connection limits (zone, limit), in the server and in every location
+    with a connection limit of its own (nginx inherits none into such a location). Every
     proxying block sets all the proxy headers (a block that sets any inherits none), so the engine
     logs the peer nginx saw, never an X-Forwarded-For a client sent."""
     return templating.render(
@@ -205,7 +207,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         listen=host_port(bind, port), server_names=server_names, engine=host_port(engine_host, engine_port),
         drain_flag=drain_flag, read_timeout_s=read_timeout_s, operator_networks=operator_networks,
         limits=limits, gateways=gateways, admin_routes=admin_routes, tenants_http=tenants_http,
-        tenants_server=tenants_server, client_routes=CLIENT_ROUTES, monitor_routes=MONITOR_ROUTES,
+        tenants_server=tenants_server, tenant_conns=tenant_conns, client_routes=CLIENT_ROUTES, monitor_routes=MONITOR_ROUTES,
         upstream_auth=f"{NGINX_DIR}/{deployment}.upstream-auth")
 
 

@@ -107,7 +107,22 @@ def http_conf(deployment: str, tenants: Sequence[Tenant]) -> str:
 
 
 def server_conf(deployment: str, tenants: Sequence[Tenant]) -> str:
-    """server-level lines: each tenant's limits (a request counts in its own tenant's zones)."""
+    """server-level lines: each tenant's rate limit (a request counts in its own tenant's zones);
+    its connection limit is ``conn_limits``' (the site repeats those where a location has one of
+    its own)."""
     v = proxy_conf.var(deployment)
     return "".join(f"    limit_req zone={v}_t_{t.name}_rate burst={t.burst_per_key} nodelay;\n"
-                   f"    limit_conn {v}_t_{t.name}_conn {t.conn_per_key};\n" for t in tenants)
+                   for t in tenants)
+
+
+def conn_limits(deployment: str, tenants: Sequence[Tenant]) -> tuple[tuple[str, int], ...]:
+    """Each tenant's connection zone and its limit per key (proxy_conf.server_conf's ``tenant_conns``)."""
+    v = proxy_conf.var(deployment)
+    return tuple((f"{v}_t_{t.name}_conn", t.conn_per_key) for t in tenants)
+
+
+def site_args(deployment: str, tenants: Sequence[Tenant]) -> dict:
+    """What proxy_conf.server_conf takes of a deployment's tenants: their http-level lines, their
+    server-level rate limits and their connection limits."""
+    return {"tenants_http": http_conf(deployment, tenants), "tenants_server": server_conf(deployment, tenants),
+            "tenant_conns": conn_limits(deployment, tenants)}

@@ -225,8 +225,7 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                 engine_port=dep.serve_port, drain_flag=rollout.drain_flag(dep.name),
                 read_timeout_s=max(600, dep.ready_timeout_s),
                 operator_networks=settings.proxy_operator_networks, limits=limits,
-                gateways=gateways, tenants_http=tenants.http_conf(dep.name, dep.tenants),
-                tenants_server=tenants.server_conf(dep.name, dep.tenants))),
+                gateways=gateways, **tenants.site_args(dep.name, dep.tenants))),
             dest=conf_path(dep.name), user="root", group="root", mode="644")
         changed += [keys, op_keys, conf]
     # a crashed nginx (kill -9 of the master) is restarted by its drop-in; a stopped one here

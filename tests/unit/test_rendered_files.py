@@ -112,8 +112,7 @@ def _sites() -> dict[str, str]:
             **{**base, "gateways": ["10.0.0.9", "10.1.0.0/24"],
                "limits": proxy_conf.ProxyLimits(rate_per_key=7, burst_per_key=3, conn_per_key=5)}),
         "sites/gpuserve-minimax-tenants.conf": proxy_conf.server_conf(
-            **base, tenants_http=tenants.http_conf("minimax", teams),
-            tenants_server=tenants.server_conf("minimax", teams)),
+            **base, **tenants.site_args("minimax", teams)),
         "sites/gpuserve-gateway.conf": proxy_conf.server_conf(
             **{**base, "deployment": "gateway", "engine_port": 30000, "read_timeout_s": 3600,
                "drain_flag": "/etc/nginx/gpuserve/gateway.drain", "admin_routes": False}),

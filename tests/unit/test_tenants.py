@@ -17,8 +17,7 @@ def conf(ts) -> str:
     return proxy_conf.server_conf(
         deployment="minimax", bind="0.0.0.0", port=8443, server_names=["h1"], engine_host="127.0.0.1",
         engine_port=8000, drain_flag="/x.drain", read_timeout_s=600, operator_networks=["127.0.0.1/32"],
-        limits=proxy_conf.ProxyLimits(), tenants_http=tenants.http_conf("minimax", ts),
-        tenants_server=tenants.server_conf("minimax", ts))
+        limits=proxy_conf.ProxyLimits(), **tenants.site_args("minimax", ts))
 
 
 def test_a_tenants_limits_and_keys_from_settings(tmp_path, monkeypatch):
