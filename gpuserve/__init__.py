@@ -5,9 +5,8 @@ The package holds the logic; ``deploys/`` holds the thin pyinfra entry points.
 Every module of the package, one concern each (tests/unit/test_package_docstring.py keeps this
 list whole; docs/rollout.md maps the move pipeline across them):
 
-Settings and plans (pure: no host access)
+Settings and plans (pure: no host access; validation itself is the package config/, below)
     schema          every setting's type, default, what is allowed and its doc line
-    config          validation: group data -> one frozen settings object per host
     host_plan       one immutable plan per host: what validation decided for it
     values          checks of single values several settings share (URLs, host names, paths)
     errors          the one error a bad inventory raises: every problem on every host
@@ -59,6 +58,7 @@ The ``gpuserve`` command
     status          ``gpuserve status``: what runs on each host and whether it answers
     top             ``gpuserve top``: the fleet live, from Prometheus
     monitoring_export  ``gpuserve monitoring-export``: file_sd targets and rules for a Prometheus of your own
+config/: validation: group data -> one frozen settings object per host (``gpuserve.config``)
 layers/: pyinfra ``@deploy`` layers, the custom operations they use, and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified
