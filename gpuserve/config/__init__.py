@@ -6,10 +6,10 @@ renders every deployment (``gpuserve.recipes``) and raises one ``ConfigError`` l
 problems, each naming the host, where the value came from and the key.
 
 A package, one concern a module (gpuserve/__init__.py's ``config/`` section lists them); every
-name of its modules is importable from ``gpuserve.config`` as before the split. ``check_host``
-and ``validate_inventory`` live here and call each step by its name in this module, so that a
-test that replaces a step here (``monkeypatch.setattr(config, "_hardware", ...)``) replaces it
-for them.
+name config.py had is importable from ``gpuserve.config`` as before the split (issue 28).
+``check_host``, ``_role_host`` and ``validate_inventory`` live here and call each step by its
+name in this module, so that a test that replaces a step here
+(``monkeypatch.setattr(config, "_hardware", ...)``) replaces it for them.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from gpuserve import engine_pins, gateway, recipes, schema
 from gpuserve.config_repo import engine_overlays
 from gpuserve.errors import ConfigError, Problem
 from gpuserve.hardware import HardwareProfile
-from gpuserve.values import is_loopback
 
-# every name of the modules, importable from gpuserve.config as before the split (issue 28)
+# every name config.py had, importable from gpuserve.config as before the split (issue 28), and
+# the steps check_host and _role_host call
 from gpuserve.config.sources import (  # noqa: F401 - re-exported
     _MISSING, DEFAULT, DEPLOYMENT_DEFAULTS, GATEWAY_DEFAULTS, HOST_DEFAULTS, KEYS, MONITOR_DEFAULTS,
     _Checker, data_source)
@@ -43,7 +43,7 @@ from gpuserve.config.host_level import (  # noqa: F401 - re-exported
     PROXY_LIMITS, _host_level, _patch_keys, _proxy_access, _removal_keys)
 from gpuserve.config.deployments import (  # noqa: F401 - re-exported
     DEPLOYMENT_NAME, ENV_NAME, PARALLEL_FLAG, _deployment, _deployments, _flag_value_ok, _free_port,
-    _int_key, _port_clash, _port_clashes)
+    _in_front_of_engines, _int_key, _port_clash, _port_clashes)
 from gpuserve.config.monitor import MONITOR_NUMBERS, RETENTION, _monitor  # noqa: F401 - re-exported
 from gpuserve.config.gateway_keys import _gateway
 from gpuserve.config.principles import (  # noqa: F401 - re-exported
@@ -91,20 +91,7 @@ def check_host(host: Host, *, require_revision: bool = True, deploying: bool = F
     mon = _monitor(c)
     level.update(_removal_keys(c))
     level.update(_patch_keys(c))   # --- patching ---
-    if level.get("proxy") is True:
-        for dep in deployments or ():
-            if dep.api_keys_file is None:
-                c.problem(f"deployments.{dep.name}.api_keys_file", "the proxy (proxy: True) lets no "
-                          "client in without keys: name a file of keys on the control node",
-                          dep.origin("api_keys_file")[1])
-    for dep in deployments or ():
-        if (not is_loopback(dep.serve_host) and level.get("proxy") is False
-                and level.get("trusted_network") is False):
-            key, src = dep.origin("serve_host")
-            c.problem(key, f"{dep.serve_host} is beyond loopback and no proxy is in front: vLLM's key "
-                      "covers only /v1 (/invocations, /tokenize, /metrics, /scale_elastic_ep stay "
-                      "open). Allowed: a loopback address, proxy = True, or trusted_network = True "
-                      "where the network in front is trusted", src)
+    _in_front_of_engines(c, deployments or (), level)
     gw = _gateway(c) if gateway.GATEWAY_GROUP in host.groups else None  # a gateway that serves too
     _own_names_and_ports(c, deployments or (), level.get("proxy") is True)
     _principles(c)

@@ -9,14 +9,15 @@ import json
 import re
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from gpuserve import proxy_conf, recipes, schema, secret_sources, tenants
 from gpuserve.config.secret_values import INLINE, SECRET_ENV_NAME, SECRET_KEYS, _scan_values, _secret_command
 from gpuserve.config.settings import DeploymentSettings
 from gpuserve.config.sources import DEPLOYMENT_DEFAULTS, _Checker
 from gpuserve.secret_sources import SecretCommand
-from gpuserve.values import addresses_overlap, is_host, key_command_problem, key_file_problem, key_lines_problem
+from gpuserve.values import (addresses_overlap, is_host, is_loopback, key_command_problem, key_file_problem,
+                             key_lines_problem)
 
 DEPLOYMENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -27,8 +28,53 @@ PARALLEL_FLAG = re.compile(r"(.+-parallel-size(-local)?|tp-size|pp-size|dp-size|
 
 def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
                 model_repo: str | None) -> DeploymentSettings | None:
+    """One entry of ``deployments`` over the top-level keys; None once it has a problem."""
     before = len(c.problems)
     path = f"deployments.{name}"
+    values, origins = _entry_values(c, path, entry, src)
+
+    def bad(key: str, message: str) -> None:
+        c.problem(origins[key][0], message, origins[key][1])
+
+    served = _served_model_name(values["served_model_name"], model_repo, bad)
+    host_ = values["serve_host"]
+    _serve_host(c, path, host_, bad)
+    _int_key(c, values, origins, "serve_port")
+    effort = values["reasoning_effort"]
+    if effort is not None and effort not in recipes.REASONING_EFFORTS:
+        bad("reasoning_effort", f"{effort!r} is not allowed; use one of "
+            f"{', '.join(recipes.REASONING_EFFORTS)} (thinking cannot be turned off)")
+    for key in ("max_model_len", "shutdown_timeout_s", "ready_timeout_s", "proxy_port", "max_num_seqs"):
+        _int_key(c, values, origins, key)
+    flags = _serve_flags(c, values["serve_flags"], origins["serve_flags"], bad)
+    env = _serve_env(c, values["serve_env"], origins["serve_env"], bad)
+    _key_files(c, path, values, bad)
+    keys_file, op_file = values["api_keys_file"], values["operator_keys_file"]
+    found_tenants = _tenants(c, values["tenants"], origins["tenants"])
+    for key in DEPLOYMENT_DEFAULTS:
+        # the entry's own values, and the two mappings it may inherit (the other inherited
+        # values were scanned where they were set)
+        if key in entry or key in ("serve_flags", "serve_env"):
+            _scan_values(c, values[key], origins[key][0], origins[key][1])
+    if len(c.problems) > before:
+        return None
+    return DeploymentSettings(
+        name=name, served_model_name=served, serve_host=host_, serve_port=values["serve_port"],
+        reasoning_effort=effort, max_model_len=values["max_model_len"],
+        max_num_seqs=values["max_num_seqs"], serve_flags=MappingProxyType(dict(flags)),
+        serve_env=MappingProxyType({k: str(v) for k, v in env.items()}),
+        api_keys_file=keys_file, shutdown_timeout_s=values["shutdown_timeout_s"],
+        ready_timeout_s=values["ready_timeout_s"], proxy_port=values["proxy_port"],
+        origins=MappingProxyType(origins), operator_keys_file=op_file,
+        scrape_keys_file=values["scrape_keys_file"], tenants=found_tenants,
+    )
+
+
+def _entry_values(c: _Checker, path: str, entry: Mapping[str, Any],
+                  src: str) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+    """A deployment's value of each deployment key, and where it came from (key path, source):
+    the entry's own, else the top-level value or the default. The entry's secret and unknown
+    keys are problems."""
     values: dict[str, Any] = {}
     origins: dict[str, tuple[str, str]] = {}
     overrides = c.host.inventory.get_override_data()
@@ -46,18 +92,21 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
             hint = f"; did you mean {close[0]!r}?" if close else ""
             c.problem(f"{path}.{key}", f"unknown deployment key {key!r}{hint} (allowed: "
                       f"{', '.join(DEPLOYMENT_DEFAULTS)})", src)
+    return values, origins
 
-    def bad(key: str, message: str) -> None:
-        c.problem(origins[key][0], message, origins[key][1])
 
-    served = values["served_model_name"]
+def _served_model_name(served: Any, model_repo: str | None, bad: Callable[[str, str], None]) -> Any:
+    """The name clients ask for: as set, else the repository's last part in lower case."""
     if served is None and model_repo:
         served = model_repo.rsplit("/", 1)[-1].lower()
     if served is None and not model_repo:
         pass  # the bad model_repo is reported already
     elif not (isinstance(served, str) and served and not re.search(r"\s", served)):
         bad("served_model_name", f"{served!r} is not allowed; use a name without spaces")
-    host_ = values["serve_host"]
+    return served
+
+
+def _serve_host(c: _Checker, path: str, host_: Any, bad: Callable[[str, str], None]) -> None:
     if not (isinstance(host_, str) and is_host(host_)):
         bad("serve_host", f"{host_!r} is not an IP address or host name")
     elif host_ in ("0.0.0.0", "::"):
@@ -66,36 +115,37 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
                           "answer without it): the engine guard (nftables) resets connections from "
                           "the network unless trusted_network = True, and from local users other "
                           "than root, gpuserve and the proxy's (docs/configuration.md)")
-    _int_key(c, values, origins, "serve_port")
-    effort = values["reasoning_effort"]
-    if effort is not None and effort not in recipes.REASONING_EFFORTS:
-        bad("reasoning_effort", f"{effort!r} is not allowed; use one of "
-            f"{', '.join(recipes.REASONING_EFFORTS)} (thinking cannot be turned off)")
-    _int_key(c, values, origins, "max_model_len")
-    _int_key(c, values, origins, "shutdown_timeout_s")
-    _int_key(c, values, origins, "ready_timeout_s")
-    _int_key(c, values, origins, "proxy_port")
-    _int_key(c, values, origins, "max_num_seqs")
-    flags = values["serve_flags"]
+
+
+def _serve_flags(c: _Checker, flags: Any, origin: tuple[str, str],
+                 bad: Callable[[str, str], None]) -> Mapping[str, Any]:
+    """The flags, or {} when they are no mapping; each flag's value checked (``origin``: where
+    serve_flags came from)."""
     if not isinstance(flags, Mapping) or not all(isinstance(k, str) for k in flags):
         bad("serve_flags", f"{flags!r} is not a mapping of flag name -> value")
         flags = {}
     for flag, value in flags.items():
         if not _flag_value_ok(value):
-            c.problem(f"{origins['serve_flags'][0]}.{flag}", f"{value!r} is not a flag value: use "
+            c.problem(f"{origin[0]}.{flag}", f"{value!r} is not a flag value: use "
                       "a string, number, True, a list or a mapping (JSON flags), or None to "
-                      "remove the flag", origins["serve_flags"][1])
+                      "remove the flag", origin[1])
         elif (value is not None and PARALLEL_FLAG.fullmatch(recipes.normalize_flag(flag))
               and (isinstance(value, bool) or not isinstance(value, int) or value < 1)):
-            c.problem(f"{origins['serve_flags'][0]}.{flag}", f"{value!r} is not allowed; a parallel "
+            c.problem(f"{origin[0]}.{flag}", f"{value!r} is not allowed; a parallel "
                       "size is a whole number >= 1 (without quotes), or None to remove the flag",
-                      origins["serve_flags"][1])
-    env = values["serve_env"]
+                      origin[1])
+    return flags
+
+
+def _serve_env(c: _Checker, env: Any, origin: tuple[str, str],
+               bad: Callable[[str, str], None]) -> Mapping[str, Any]:
+    """The environment, or {} when it is no mapping; each name and value checked as one line of
+    systemd's EnvironmentFile= (``origin``: where serve_env came from)."""
     if not isinstance(env, Mapping):
         bad("serve_env", f"{env!r} is not a mapping of NAME -> value")
         env = {}
     for env_name, env_value in env.items():
-        where = (f"{origins['serve_env'][0]}.{env_name}", origins["serve_env"][1])
+        where = (f"{origin[0]}.{env_name}", origin[1])
         if not (isinstance(env_name, str) and ENV_NAME.fullmatch(env_name)):
             c.problem(where[0], f"{env_name!r} is not an environment variable name", where[1])
         elif SECRET_ENV_NAME.search(env_name):
@@ -110,6 +160,11 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
             c.problem(where[0], f"{env_value!r} is not allowed: systemd's EnvironmentFile= does not "
                       "expand $VARIABLES or backquotes, and quotes or backslashes change how it "
                       "reads the line; write the literal value", where[1])
+    return env
+
+
+def _key_files(c: _Checker, path: str, values: dict[str, Any], bad: Callable[[str, str], None]) -> None:
+    """The deployment's key files, or their command twins (which replace the file in ``values``)."""
     for key in ("api_keys_file", "operator_keys_file", "scrape_keys_file"):
         file, twin = values[key], secret_sources.SECRET_SETTINGS[key]
         if values[twin] is not None:   # the secret from a command (issue 29)
@@ -128,14 +183,17 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
             why = key_file_problem(Path(file)) or key_lines_problem(Path(file))
             if why:
                 bad(key, why)
-    keys_file, op_file = values["api_keys_file"], values["operator_keys_file"]
+
+
+def _tenants(c: _Checker, given: Any, origin: tuple[str, str]) -> tuple:
+    """The deployment's tenants (gpuserve.tenants), their limits within the host's proxy limits."""
     host_limits = {k: (c.get(f"proxy_{k}") if isinstance(c.get(f"proxy_{k}"), int)
                        else schema.default(f"proxy_{k}")) for k in tenants.LIMITS}
-    found_tenants, why = tenants.check(values["tenants"], host_limits, origins["tenants"][0])
+    found_tenants, why = tenants.check(given, host_limits, origin[0])
     for where, message in why:
-        c.problem(where, message, origins["tenants"][1])
+        c.problem(where, message, origin[1])
     for t in found_tenants:   # their keys: checked as api_keys_file's (a deploy runs a command)
-        where = f"{origins['tenants'][0]}.{t.name}"
+        where = f"{origin[0]}.{t.name}"
         if isinstance(t.keys, SecretCommand):
             why_keys = key_command_problem(t.keys) if c.deploying else None
         elif not Path(t.keys).is_file():
@@ -143,24 +201,8 @@ def _deployment(c: _Checker, name: str, entry: Mapping[str, Any], src: str,
         else:
             why_keys = key_file_problem(Path(t.keys))
         if why_keys:
-            c.problem(f"{where}.keys", why_keys, origins["tenants"][1])
-    for key in DEPLOYMENT_DEFAULTS:
-        # the entry's own values, and the two mappings it may inherit (the other inherited
-        # values were scanned where they were set)
-        if key in entry or key in ("serve_flags", "serve_env"):
-            _scan_values(c, values[key], origins[key][0], origins[key][1])
-    if len(c.problems) > before:
-        return None
-    return DeploymentSettings(
-        name=name, served_model_name=served, serve_host=host_, serve_port=values["serve_port"],
-        reasoning_effort=effort, max_model_len=values["max_model_len"],
-        max_num_seqs=values["max_num_seqs"], serve_flags=MappingProxyType(dict(flags)),
-        serve_env=MappingProxyType({k: str(v) for k, v in env.items()}),
-        api_keys_file=keys_file, shutdown_timeout_s=values["shutdown_timeout_s"],
-        ready_timeout_s=values["ready_timeout_s"], proxy_port=values["proxy_port"],
-        origins=MappingProxyType(origins), operator_keys_file=op_file,
-        scrape_keys_file=values["scrape_keys_file"], tenants=found_tenants,
-    )
+            c.problem(f"{where}.keys", why_keys, origin[1])
+    return found_tenants
 
 
 def _int_key(c: _Checker, values: dict, origins: dict, key: str) -> None:
@@ -276,3 +318,23 @@ def _free_port(c: _Checker, port: int) -> int:
     while free in used:
         free += 1
     return free
+
+
+def _in_front_of_engines(c: _Checker, deployments: Iterable[DeploymentSettings],
+                         level: Mapping[str, Any]) -> None:
+    """What stands in front of each engine: the proxy (proxy: True) needs the deployment's client
+    keys; without it, an engine beyond loopback needs trusted_network = True."""
+    if level.get("proxy") is True:
+        for dep in deployments:
+            if dep.api_keys_file is None:
+                c.problem(f"deployments.{dep.name}.api_keys_file", "the proxy (proxy: True) lets no "
+                          "client in without keys: name a file of keys on the control node",
+                          dep.origin("api_keys_file")[1])
+    for dep in deployments:
+        if (not is_loopback(dep.serve_host) and level.get("proxy") is False
+                and level.get("trusted_network") is False):
+            key, src = dep.origin("serve_host")
+            c.problem(key, f"{dep.serve_host} is beyond loopback and no proxy is in front: vLLM's key "
+                      "covers only /v1 (/invocations, /tokenize, /metrics, /scale_elastic_ep stay "
+                      "open). Allowed: a loopback address, proxy = True, or trusted_network = True "
+                      "where the network in front is trusted", src)

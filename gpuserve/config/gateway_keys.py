@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
+from typing import Any
 
 from gpuserve import gateway, schema, secret_sources
 from gpuserve.config.engine_keys import VERSION
@@ -19,25 +20,8 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
     bind = c.get("gateway_bind")
     if not (isinstance(bind, str) and is_host(bind)):
         c.problem("gateway_bind", f"{bind!r} is not an IP address or host name")
-    ports = {k: c.ranged(k) for k in
-             ("gateway_port", "gateway_smg_port", "gateway_metrics_port")}
-    seen: dict[int, str] = {}
-    for key, port in ports.items():
-        if port is not None and port in seen:
-            c.problem(key, f"port {port} is also {seen[port]}; smg, its metrics and the clients' "
-                      "front each need their own port")
-        elif port is not None:
-            seen[port] = key
-    metrics = c.get("gateway_metrics_host")
-    try:
-        ipaddress.ip_address(metrics)
-    except (TypeError, ValueError):
-        c.problem("gateway_metrics_host", f"{metrics!r} is not an IP address (loopback, or the "
-                  "gateway's address on the monitor network)")
-    else:
-        if metrics in ("0.0.0.0", "::"):
-            c.problem("gateway_metrics_host", f"{metrics} is every interface; smg's metrics go on "
-                      "loopback or the monitor network's address only")
+    ports = _gateway_ports(c)
+    metrics = _gateway_metrics_host(c)
     policy = c.choice("gateway_policy")
     abs_t = c.ranged("gateway_balance_abs_threshold")
     rel = c.get("gateway_balance_rel_threshold")
@@ -56,6 +40,50 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
     ca = c.get("gateway_workers_ca_file")
     if ca is not None and not (isinstance(ca, str) and Path(ca).is_file()):
         c.problem("gateway_workers_ca_file", f"{ca!r} is not a file on this control node")
+    addresses = _gateway_addresses(c)
+    keys = _gateway_keys(c)
+    if len(c.problems) > before:
+        return None
+    return gateway.GatewaySettings(
+        api_keys_file=keys["api_keys_file"], operator_keys_file=keys["operator_keys_file"],
+        bind=bind, port=ports["gateway_port"], smg_port=ports["gateway_smg_port"],
+        metrics_host=metrics, metrics_port=ports["gateway_metrics_port"], policy=policy,
+        balance_abs_threshold=abs_t, balance_rel_threshold=float(rel), sticky_header=sticky,
+        health_interval_s=health, health_failures=failures, smg_version=version, workers_ca_file=ca,
+        addresses=tuple(str(a) for a in addresses or ()))
+
+
+def _gateway_ports(c: _Checker) -> dict[str, int | None]:
+    """The clients' front, smg's own port and its metrics port: three different ports."""
+    ports = {k: c.ranged(k) for k in
+             ("gateway_port", "gateway_smg_port", "gateway_metrics_port")}
+    seen: dict[int, str] = {}
+    for key, port in ports.items():
+        if port is not None and port in seen:
+            c.problem(key, f"port {port} is also {seen[port]}; smg, its metrics and the clients' "
+                      "front each need their own port")
+        elif port is not None:
+            seen[port] = key
+    return ports
+
+
+def _gateway_metrics_host(c: _Checker) -> Any:
+    metrics = c.get("gateway_metrics_host")
+    try:
+        ipaddress.ip_address(metrics)
+    except (TypeError, ValueError):
+        c.problem("gateway_metrics_host", f"{metrics!r} is not an IP address (loopback, or the "
+                  "gateway's address on the monitor network)")
+    else:
+        if metrics in ("0.0.0.0", "::"):
+            c.problem("gateway_metrics_host", f"{metrics} is every interface; smg's metrics go on "
+                      "loopback or the monitor network's address only")
+    return metrics
+
+
+def _gateway_addresses(c: _Checker) -> Any:
+    """The addresses the serving hosts see the gateway connect from: as set, else its
+    ssh_hostname when that is an address; None when there are none to use."""
     addresses = c.get("gateway_addresses")
     if addresses is None:
         ssh = c.host.data.get("ssh_hostname")
@@ -75,6 +103,11 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
             ipaddress.ip_network(a, strict=False)
         except (TypeError, ValueError):
             c.problem("gateway_addresses", f"{a!r} is not an address or network (CIDR)")
+    return addresses
+
+
+def _gateway_keys(c: _Checker) -> dict[str, Any]:
+    """The clients' and the operators' keys at the gateway: a file, or a command (issue 29)."""
     keys = {}
     for key in ("api_keys_file", "operator_keys_file"):
         file, command = c.get(key), c.get(secret_sources.SECRET_SETTINGS[key])
@@ -89,12 +122,4 @@ def _gateway(c: _Checker) -> gateway.GatewaySettings | None:
         elif file is not None and (why := key_file_problem(Path(file)) or key_lines_problem(Path(file))):
             c.problem(key, why)
         keys[key] = file
-    if len(c.problems) > before:
-        return None
-    return gateway.GatewaySettings(
-        api_keys_file=keys["api_keys_file"], operator_keys_file=keys["operator_keys_file"],
-        bind=bind, port=ports["gateway_port"], smg_port=ports["gateway_smg_port"],
-        metrics_host=metrics, metrics_port=ports["gateway_metrics_port"], policy=policy,
-        balance_abs_threshold=abs_t, balance_rel_threshold=float(rel), sticky_header=sticky,
-        health_interval_s=health, health_failures=failures, smg_version=version, workers_ca_file=ca,
-        addresses=tuple(str(a) for a in addresses or ()))
+    return keys

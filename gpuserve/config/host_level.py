@@ -48,23 +48,7 @@ def _host_level(c: _Checker) -> dict[str, Any]:
     bind = c.get("proxy_bind")
     if not (isinstance(bind, str) and is_host(bind)):
         c.problem("proxy_bind", f"{bind!r} is not an IP address or host name")
-    tls = {k: c.get(k) for k in ("proxy_tls_cert_file", "proxy_tls_key_file")}
-    for key, value in tls.items():
-        if value is not None and not (isinstance(value, str) and Path(value).is_file()) \
-                and not (key == "proxy_tls_key_file" and c.get("proxy_tls_key_command") is not None):
-            c.problem(key, f"{value!r} is not a file on this control node")
-    if c.get("proxy_tls_key_command") is not None:   # the key from a command (issue 29)
-        tls["proxy_tls_key_file"] = _secret_command(c, "proxy_tls_key_file", tls["proxy_tls_key_file"],
-                                                    c.get("proxy_tls_key_command"), c.problem, keys=False)
-    if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
-        c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
-    elif (tls["proxy_tls_cert_file"] is not None and proxy is False
-          and gateway.GATEWAY_GROUP not in c.host.groups):   # settings that only make sense together
-        c.problem("proxy_tls_cert_file", "a TLS certificate for a front this host does not run (proxy "
-                  "is False and it is no gateway): set proxy = True, or drop the certificate")
-    elif tls["proxy_tls_cert_file"] is not None and all(Path(str(v)).is_file() for v in tls.values()):
-        for why in pem_problems(Path(tls["proxy_tls_cert_file"]), Path(tls["proxy_tls_key_file"]), time.time()):
-            c.problem("proxy_tls_cert_file", why)
+    tls = _proxy_tls(c, proxy)
     stale = c.ranged("rollout_lock_stale_s")
     fail_pct = c.ranged("max_fail_percentage")
     force = c.get("force_unlock")
@@ -82,6 +66,29 @@ def _host_level(c: _Checker) -> dict[str, Any]:
                 max_unavailable=unavailable, keep_releases=keep, drain_s=drain, drain_timeout_s=drain_timeout,
                 proxy=proxy, proxy_bind=bind, rollback_to=rollback_to, rollout_lock_stale_s=stale,
                 max_fail_percentage=fail_pct, force_unlock=force, trusted_network=trusted, **tls, **_proxy_access(c))
+
+
+def _proxy_tls(c: _Checker, proxy: Any) -> dict[str, Any]:
+    """The TLS front's certificate and key (the key a file, or a command's output: issue 29),
+    both or neither, and only where the host runs a front (the proxy, or a gateway's)."""
+    tls = {k: c.get(k) for k in ("proxy_tls_cert_file", "proxy_tls_key_file")}
+    for key, value in tls.items():
+        if value is not None and not (isinstance(value, str) and Path(value).is_file()) \
+                and not (key == "proxy_tls_key_file" and c.get("proxy_tls_key_command") is not None):
+            c.problem(key, f"{value!r} is not a file on this control node")
+    if c.get("proxy_tls_key_command") is not None:   # the key from a command (issue 29)
+        tls["proxy_tls_key_file"] = _secret_command(c, "proxy_tls_key_file", tls["proxy_tls_key_file"],
+                                                    c.get("proxy_tls_key_command"), c.problem, keys=False)
+    if (tls["proxy_tls_cert_file"] is None) != (tls["proxy_tls_key_file"] is None):
+        c.problem("proxy_tls_key_file", "set both proxy_tls_cert_file and proxy_tls_key_file, or neither")
+    elif (tls["proxy_tls_cert_file"] is not None and proxy is False
+          and gateway.GATEWAY_GROUP not in c.host.groups):   # settings that only make sense together
+        c.problem("proxy_tls_cert_file", "a TLS certificate for a front this host does not run (proxy "
+                  "is False and it is no gateway): set proxy = True, or drop the certificate")
+    elif tls["proxy_tls_cert_file"] is not None and all(Path(str(v)).is_file() for v in tls.values()):
+        for why in pem_problems(Path(tls["proxy_tls_cert_file"]), Path(tls["proxy_tls_key_file"]), time.time()):
+            c.problem("proxy_tls_cert_file", why)
+    return tls
 
 
 def _proxy_access(c: _Checker) -> dict[str, Any]:
