@@ -5,9 +5,8 @@ The package holds the logic; ``deploys/`` holds the thin pyinfra entry points.
 Every module of the package, one concern each (tests/unit/test_package_docstring.py keeps this
 list whole; docs/rollout.md maps the move pipeline across them):
 
-Settings and plans (pure: no host access)
+Settings and plans (pure: no host access; validation itself is the package config/, below)
     schema          every setting's type, default, what is allowed and its doc line
-    config          validation: group data -> one frozen settings object per host
     host_plan       one immutable plan per host: what validation decided for it
     values          checks of single values several settings share (URLs, host names, paths)
     errors          the one error a bad inventory raises: every problem on every host
@@ -60,6 +59,20 @@ The ``gpuserve`` command
     status          ``gpuserve status``: what runs on each host and whether it answers
     top             ``gpuserve top``: the fleet live, from Prometheus
     monitoring_export  ``gpuserve monitoring-export``: file_sd targets and rules for a Prometheus of your own
+config/: validation, group data -> frozen settings per host (__init__: check_host, validate_inventory)
+    sources         where a value comes from (data_source), the defaults, the checker of one host's data
+    settings        HostSettings and DeploymentSettings: what validation hands every layer
+    connection      the host's inventory name and ssh_hostname, and the SSH login's keys
+    machine         hardware and role groups, the GPUs, the recipe they select, the GPU stack's keys
+    model           the pinned model revision and the weights layer's keys
+    engine_keys     the engine package, version and torch backend, and how its venv is built
+    host_level      storage, reboots, the rollout's budget and lock, the TLS proxy, removal, patching
+    secret_values   no secret inline and no misspelt key; secrets from a file or a command
+    deployments     each deployment's keys, flags, env, key files and tenants; the host's ports
+    monitor         monitoring, alerting, the hang watchdog and the canary bake
+    gateway_keys    a gateway host's keys (smg, its ports, the clients' keys)
+    principles      the rules every value is held to; gpuserve's own units and ports on a host
+    fleet           checks across hosts: the gateway's workers, one machine under two names
 layers/: pyinfra ``@deploy`` layers, the custom operations they use, and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified

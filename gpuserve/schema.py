@@ -4,7 +4,8 @@ This table is the one place defaults live. ``gpuserve.config`` (HOST_DEFAULTS, D
 MONITOR_DEFAULTS, GATEWAY_DEFAULTS), ``gpuserve.stack.DEFAULTS`` and the settings dataclasses' field
 defaults are views of it; the simple checks (choices, integer and number ranges, booleans) take
 their bounds from ``allowed``; the checks that need more (paths, URLs, cross-key rules) stay
-functions in config.py and stack.py, and ``allowed`` then is the text the docs show.
+functions in gpuserve/config/ (the module of the key's section) and stack.py, and ``allowed`` then
+is the text the docs show.
 
 docs/configuration.md's key tables are generated from it, between ``<!-- schema:NAME -->`` and
 ``<!-- /schema:NAME -->`` markers, by ``python -m gpuserve.schema docs/configuration.md`` (the

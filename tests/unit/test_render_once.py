@@ -43,7 +43,7 @@ def test_validate_releases_gate_and_plan_render_each_deployment_once(monkeypatch
 
 
 def test_only_validation_calls_the_renderer():
-    """No module but gpuserve/config.py calls recipes.render (layers, deploys, plan, status)."""
+    """No module but gpuserve/config/__init__.py calls recipes.render (layers, deploys, plan, status)."""
     callers = []
     for path in [*(ROOT / "gpuserve").rglob("*.py"), *(ROOT / "deploys").glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -53,7 +53,7 @@ def test_only_validation_calls_the_renderer():
             if isinstance(node, ast.ImportFrom) and node.module == "gpuserve.recipes" and \
                     any(a.name == "render" for a in node.names):
                 callers.append(str(path.relative_to(ROOT)))
-    assert callers == ["gpuserve/config.py"]
+    assert callers == ["gpuserve/config/__init__.py"]
 
 
 class _Output:
