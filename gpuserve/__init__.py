@@ -30,6 +30,7 @@ What goes onto hosts, rendered on the control node (pure)
     engine_guard    the nftables table that lets only the proxy open the engine ports
     proxy_conf      the nginx configuration of the TLS front
     tenants         a deployment's tenants: groups of client keys with per-key limits of their own
+    meter           tokens per key: the mtail program and unit that count the proxy's usage log
     certs           the command that makes a self-signed certificate on a host
     gateway         the fleet gateway (smg): worker file, unit, nginx front
     monitoring      what monitor hosts run: Prometheus scrape configs, rules, alertmanager

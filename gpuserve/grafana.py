@@ -5,7 +5,8 @@ by ``python -m gpuserve.grafana [DIR]`` (a unit test checks that the files there
 module generates, that every query is valid PromQL to promtool and returns data from the
 project's series, and that it names only metrics the project knows):
 
-- ``fleet``: every host at once: engines up, requests, tokens/s, TTFT, KV cache, errors, releases;
+- ``fleet``: every host at once: engines up, requests, tokens/s, TTFT, KV cache, errors, releases,
+  tokens per tenant (the proxy's token meter, gpuserve.meter);
 - ``host``: one host: its engines, latency, KV and prefix cache, GPUs (DCGM), watchdog, NVMe;
 - ``kv-cache``: KV-cache use and prefix-cache hits across the fleet;
 - ``rollout``: which host serves which release, and the new release against the old one.
@@ -44,6 +45,7 @@ EXTRA_METRICS = (DCGM_GPU_UTIL, DCGM_FB_USED, DCGM_FB_FREE, DCGM_GPU_TEMP, DCGM_
 
 ENGINE = f'job="{m.ENGINE_JOB}"'
 DCGM = f'job="{m.DCGM_JOB}"'
+METER = f'job="{m.METER_JOB}"'
 NODE = f'job="{m.NODE_JOB}"'
 RATE = "$__rate_interval"
 BY = f"({m.SCOPE})"
@@ -163,6 +165,16 @@ def fleet() -> dict:
         panel("timeseries", "5xx share (5m)", [target(rec("gpuserve:request_errors:ratio_rate5m"),
                                                       "{{host}} {{deployment}}")],
               unit="percentunit"),
+        # the proxy's token meter: the engine's own usage counts per key, summed by tenant ("-":
+        # the keys of api_keys_file, no tenant); unmetered: answers without usage (gpuserve.meter)
+        panel("timeseries", "Tokens/s per tenant",
+              [target(f"sum by (tenant, kind) (rate({_f(f'{m.METER_TOKENS}{{{METER}}}', **SEL)}[{RATE}]))",
+                      "{{tenant}} {{kind}}"),
+               target(f"sum by (tenant) (rate({_f(f'{m.METER_UNMETERED}{{{METER}}}', **SEL)}[{RATE}]))",
+                      "{{tenant}} unmetered requests")],
+              description="From the engines' usage fields, per client key at the proxy (and the "
+                          "gateway). Tenant -: keys without a tenant. Unmetered requests: answers "
+                          "without usage (docs/monitoring.md, \"Tokens per key\")"),
         dict(panel("table", "Release and engine up by host",
                    [target(_f(f"{m.RELEASE_INFO}{{}}", **SEL), instant=True, table=True),
                     target(up, instant=True, table=True)], w=24,

@@ -134,6 +134,10 @@ STACK_MOVING = f"{STACK_STATE_DIR}/moving"        # a stack move began here and 
 PATCH_MOVING = f"{STACK_STATE_DIR}/patching"      # an OS-update move began here and has not finished
 EXPORTERS_DIR = f"{NGINX_ETC_DIR}/gpuserve-exporters"   # the exporters' TLS front's key pair (layers/monitoring.py)
 EXPORTERS_CONF = f"{NGINX_CONF_D}/gpuserve--exporters.conf"   # its site; no deployment has this name
+# the token meter (gpuserve.meter): the proxy's usage log, which Debian's logrotate rotates with
+# nginx's other logs, and the mtail program that reads it (world-readable: mtail runs as mtail)
+USAGE_LOG = "/var/log/nginx/gpuserve-usage.log"
+METER_PROGRAM_DIR = "/etc/gpuserve-meter"
 # the nftables guards (gpuserve.engine_guard): each ruleset file its unit loads with nft -f
 ENGINE_GUARD_RULES = f"{ETC_DIR}/engine-guard.nft"
 MONITOR_GUARD_RULES = "/etc/gpuserve-monitor-guard.nft"     # on the monitor: Prometheus, alertmanager

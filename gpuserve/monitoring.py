@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from gpuserve import schema
+from gpuserve import meter, schema
 
 MONITOR_GROUP = "monitor"
 PROMETHEUS_PORT = 9090       # on the monitor host, loopback only
@@ -41,6 +41,7 @@ SCRAPE_CA_DIR = f"{PROMETHEUS_DIR}/gpuserve-ca"          # certificates of hosts
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"       # Debian's node-exporter textfile dir
 
 ENGINE_JOB, NODE_JOB, DCGM_JOB, GATEWAY_JOB = "gpuserve-engine", "node", "dcgm", "smg"
+METER_JOB = "gpuserve-meter"   # tokens per key (gpuserve.meter), on hosts with a proxy or a gateway
 
 # vLLM's names (vllm/v1/metrics/loggers.py) and SGLang's (sglang/srt/metrics/collector.py)
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
@@ -70,6 +71,8 @@ WATCHDOG_LAST_CHECK = "gpuserve_watchdog_last_check_timestamp_seconds"
 NVME_AVAIL = "gpuserve_nvme_avail_bytes"
 NVME_ALERT = "gpuserve_nvme_alert_bytes"
 TLS_NOT_AFTER = "gpuserve_tls_cert_not_after_timestamp_seconds"
+# counted by the token meter (mtail) from the proxy's usage log (gpuserve.meter)
+METER_TOKENS, METER_UNMETERED = meter.TOKENS, meter.UNMETERED
 
 TLS_EXPIRY_DAYS = 14
 KV_CACHE_FULL = 0.95
@@ -123,6 +126,7 @@ class NodeTarget:
     dcgm: bool = False        # an NVIDIA host with the DCGM exporter
     operator_key_file: str | None = None
     smg_metrics: str | None = None   # a gateway host: where smg's /metrics listens there (host:port)
+    meter: bool = False       # a host with a proxy or a gateway: its token meter (gpuserve.meter)
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,17 @@ def scrape_configs(plan: Plan) -> list[dict]:
                 "static_configs": [{"targets": [_hostport(n.address, NODE_EXPORTER_TLS_PORT)],
                                     "labels": {"host": n.host}}],
                 "relabel_configs": _relabel_job(GATEWAY_JOB),
+            })
+        if n.meter:
+            # the token meter (mtail) listens on loopback: nginx fronts it under /meter
+            jobs.append({
+                "job_name": f"{METER_JOB}/{n.host}",
+                "scheme": "https",
+                "metrics_path": meter.METRICS_PATH,
+                "tls_config": _tls(n.ca_file, n.host if n.ca_file else None),
+                "static_configs": [{"targets": [_hostport(n.address, NODE_EXPORTER_TLS_PORT)],
+                                    "labels": {"host": n.host}}],
+                "relabel_configs": _relabel_job(METER_JOB),
             })
     return jobs
 
@@ -396,6 +411,11 @@ def smg_metrics(settings) -> str | None:
     return _hostport(gw.metrics_host, gw.metrics_port) if gw else None
 
 
+def has_meter(settings) -> bool:
+    """Whether the host runs the token meter: it has a proxy (a serving host) or a gateway's front."""
+    return bool((settings.serves and settings.proxy) or getattr(settings, "gateway", None))
+
+
 def plan_targets(hosts: Mapping[str, object], addresses: Mapping[str, str]) -> Plan:
     """The scrape plan from validated settings (gpuserve.config.HostSettings by host name).
     ``addresses``: where the monitor reaches each host (its ssh_hostname, else its name)."""
@@ -408,7 +428,7 @@ def plan_targets(hosts: Mapping[str, object], addresses: Mapping[str, str]) -> P
         # the exporters' front has a self-signed certificate and lets in addresses, not keys
         nodes.append(NodeTarget(name, address,
                                 dcgm=bool(s.serves and s.stack.vendor == "nvidia" and s.stack.dcgm),
-                                smg_metrics=smg_metrics(s)))
+                                smg_metrics=smg_metrics(s), meter=has_meter(s)))
         if not s.serves:
             continue
         for d in s.deployments:

@@ -1,7 +1,8 @@
 """For teams with their own Prometheus (issue 29): the inventory's scrape targets as file_sd files
 and gpuserve's rules, written by ``gpuserve monitoring-export INVENTORY DIR``.
 
-    DIR/gpuserve-engine.json   DIR/node.json   DIR/dcgm.json   DIR/smg.json   (file_sd, one per job)
+    DIR/gpuserve-engine.json   DIR/node.json   DIR/dcgm.json   DIR/smg.json   DIR/gpuserve-meter.json
+                               (file_sd, one per job)
     DIR/gpuserve-rules.yml     (the recording and alert rules, as the monitor host gets them)
 
 Each file_sd entry carries the ``host`` and ``deployment`` labels the rules group by, and

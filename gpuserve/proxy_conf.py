@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from gpuserve import templating
+from gpuserve import layout, templating
 
 KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 MAX_KEY_LEN = 200
@@ -171,9 +171,54 @@ export default {prompt};
 """
 
 
+# Token metering per key (issue 29). The prompt routes' named location reads the engine's answer
+# with meter.js (a js_body_filter: it passes every byte on unchanged) and picks out the last
+# `usage` object, whole JSON answer or SSE stream: vLLM's prompt_tokens/completion_tokens
+# (chat, completions), or input_tokens/output_tokens (responses, messages). Each field's last
+# value wins: a stream with continuous usage counts up to its final chunk. A `"usage":` inside a
+# generated text cannot match: JSON escapes its quotes (\"usage\"). The chunks are scanned with
+# the last METER_KEEP characters of the previous one in front, so a usage object split between
+# two chunks is found whole. Then the request's line in USAGE_LOG (log_format gpuserve_usage):
+# the deployment, the key's id and its tenant (never the key), the status and the two counts,
+# or "-" where the answer had no usage (an error, or a stream whose client did not ask for
+# usage: docs/monitoring.md, "Tokens per key"). gpuserve.meter's mtail program reads that log.
+# Only requests with a key id are logged: on a serving host behind a gateway, the gateway's
+# requests carry no key (gpuserve/layers/gateway.py strips it) and are metered at the gateway.
+METER_JS = f"{NGINX_DIR}/meter.js"
+USAGE_LOG = layout.USAGE_LOG   # Debian's logrotate rotates /var/log/nginx/*.log
+METER_KEEP = 4096
+METER_JS_TEXT = """\
+// Managed by gpuserve (pyinfra): the engine's token usage per request (gpuserve/proxy_conf.py)
+var USAGE = /"usage"\\s*:\\s*\\{(?:[^{}]|\\{[^{}]*\\})*\\}/g;
+var PROMPT = /"(?:prompt_tokens|input_tokens)"\\s*:\\s*(\\d+)/;
+var COMPLETION = /"(?:completion_tokens|output_tokens)"\\s*:\\s*(\\d+)/;
+var tail = '';   // per request: njs gives each request its own copy of the module
+
+function usage(r, data, flags) {
+    r.sendBuffer(data, flags);
+    var text = tail + data, end = 0, m, p, c;
+    USAGE.lastIndex = 0;
+    while ((m = USAGE.exec(text)) !== null) {
+        p = PROMPT.exec(m[0]);
+        c = COMPLETION.exec(m[0]);
+        if (p) {
+            r.variables.gpuserve_prompt_tokens = p[1];
+        }
+        if (c) {
+            r.variables.gpuserve_completion_tokens = c[1];
+        }
+        end = USAGE.lastIndex;
+    }
+    tail = text.slice(Math.max(end, text.length - KEEP));
+}
+
+export default {usage};
+""".replace("KEEP", str(METER_KEEP))
+
+
 def common_conf() -> str:
     """http-level settings shared by every deployment (COMMON_CONF; templates/nginx-common.conf.j2)."""
-    return templating.render("nginx-common.conf.j2", limits_js=LIMITS_JS)
+    return templating.render("nginx-common.conf.j2", limits_js=LIMITS_JS, meter_js=METER_JS)
 
 
 def tls_conf(cert: str, key: str) -> str:
@@ -207,7 +252,8 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         listen=host_port(bind, port), server_names=server_names, engine=host_port(engine_host, engine_port),
         drain_flag=drain_flag, read_timeout_s=read_timeout_s, operator_networks=operator_networks,
         limits=limits, gateways=gateways, admin_routes=admin_routes, tenants_http=tenants_http,
-        tenants_server=tenants_server, tenant_conns=tenant_conns, client_routes=CLIENT_ROUTES, monitor_routes=MONITOR_ROUTES,
+        tenants_server=tenants_server, tenant_conns=tenant_conns, client_routes=CLIENT_ROUTES,
+        monitor_routes=MONITOR_ROUTES, usage_log=USAGE_LOG,
         upstream_auth=f"{NGINX_DIR}/{deployment}.upstream-auth")
 
 

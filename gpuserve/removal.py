@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
-from gpuserve import engine_guard, gateway, layout, monitoring, proxy_conf, rollout
+from gpuserve import engine_guard, gateway, layout, meter, monitoring, proxy_conf, rollout
 
 # the first line of templates/gpuserve.service.j2
 UNIT_MARKER = "# Managed by gpuserve (pyinfra): do not edit here, change group_data and converge."
@@ -66,6 +66,8 @@ HOST_PATHS = (
     monitoring.RULES_YML,                 # a monitor's alert rules
     monitoring.SCRAPE_SECRETS_DIR,        # a monitor's operator keys to scrape with
     monitoring.SCRAPE_CA_DIR,             # a monitor's copies of the hosts' certificates
+    meter.PROGRAM_DIR,                    # the token meter's mtail program (gpuserve.meter)
+    proxy_conf.USAGE_LOG,                 # the proxy's usage log (key ids, never keys); rotated copies stay
 )
 WATCHDOG_TEMPLATE = layout.WATCHDOG_UNIT_PATH   # gpuserve.layers.watchdog.UNIT
 GATEWAY_UNIT = layout.systemd_unit_path(gateway.UNIT)
@@ -75,6 +77,7 @@ MARKED: tuple[tuple[str, str | None], ...] = (
     (WATCHDOG_TEMPLATE, None),            # its instances go with their deployments
     (GATEWAY_UNIT, gateway.UNIT),
     (engine_guard.UNIT_PATH, engine_guard.UNIT),   # stopping it drops its nftables table
+    (layout.systemd_unit_path(meter.UNIT), meter.UNIT),   # the token meter (mtail)
     (layout.NODE_EXPORTER_DEFAULTS, "prometheus-node-exporter.service"),
     (layout.PROMETHEUS_DEFAULTS, "prometheus.service"),
     (monitoring.PROMETHEUS_YML, "prometheus.service"),

@@ -257,6 +257,7 @@ def _front(settings: HostSettings) -> None:
                           dest=proxy_conf.LIMITS_JS, user="root", group="root", mode="644")
     old_common = files.file(name="No shared settings in their old place", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
+    meter_js = proxy_layer.meter_files()
     proxy_layer.nginx_credentials()
     tls = proxy_layer.tls_files(host_plan(engine=False))
     tls_conf = files.put(name="TLS settings (TLS 1.2 ECDHE+AEAD, 1.3)",
@@ -298,6 +299,7 @@ def _front(settings: HostSettings) -> None:
                     restarted=True, _if=dropin.did_change, **proxy_layer.NGINX_RETRY)
     server.shell(name="Reload nginx (gateway keys or configuration changed)",
                  commands=["nginx -t -q", proxy_layer.RELOAD_AND_WAIT],
-                 _if=any_changed(default_site, common, limits_js, old_common, tls_conf, *tls, keys, op_keys, strip,
-                                 conf),
+                 _if=any_changed(default_site, common, limits_js, meter_js, old_common, tls_conf, *tls, keys,
+                                 op_keys, strip, conf),
                  **proxy_layer.NGINX_RETRY)
+    proxy_layer.token_meter()   # the gateway's front meters its clients' keys (gpuserve.meter)

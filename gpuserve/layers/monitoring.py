@@ -27,8 +27,8 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import (api_keys, certs, engine_guard, monitoring, proxy_conf, receivers, secret_sources, stack,
-                      templating)
+from gpuserve import (api_keys, certs, engine_guard, meter, monitoring, proxy_conf, receivers, secret_sources,
+                      stack, templating)
 from gpuserve.config import HostSettings
 from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers import secrets_ops
@@ -66,14 +66,17 @@ def _networks(settings: HostSettings, monitors: list[str]) -> list[str]:
     return list(dict.fromkeys(nets))
 
 
-def exporters_conf(networks: list[str], dcgm: bool, tls_include: str, smg_metrics: str | None = None) -> str:
+def exporters_conf(networks: list[str], dcgm: bool, tls_include: str, smg_metrics: str | None = None,
+                   token_meter: bool = False) -> str:
     """The exporters' TLS front (templates/nginx-exporters.conf.j2): node-exporter, and the DCGM
-    exporter (NVIDIA hosts with dcgm) and smg's metrics (gateway hosts, ``smg_metrics`` =
-    host:port) where the host has them; the monitor hosts and the operator networks only."""
+    exporter (NVIDIA hosts with dcgm), smg's metrics (gateway hosts, ``smg_metrics`` =
+    host:port) and the token meter (hosts with a proxy or a gateway) where the host has them; the
+    monitor hosts and the operator networks only."""
     return templating.render("nginx-exporters.conf.j2", networks=networks, dcgm=dcgm, tls_include=tls_include,
                              smg_metrics=smg_metrics, tls_port=monitoring.NODE_EXPORTER_TLS_PORT,
                              node_exporter_port=monitoring.NODE_EXPORTER_PORT, dcgm_port=stack.DCGM_EXPORTER_PORT,
-                             smg_path=monitoring.GATEWAY_METRICS_PATH)
+                             smg_path=monitoring.GATEWAY_METRICS_PATH, meter=token_meter,
+                             meter_path=meter.METRICS_PATH, meter_port=meter.PORT)
 
 
 def _exporters_tls() -> tuple[str, list]:
@@ -128,7 +131,8 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
     dcgm = settings.serves and settings.stack.vendor == "nvidia" and settings.stack.dcgm
     conf = files.put(name="Exporters' TLS front (monitor and operator networks only)",
                      src=StringIO(exporters_conf(_networks(settings, monitors), dcgm, include,
-                                                 monitoring.smg_metrics(settings))),
+                                                 monitoring.smg_metrics(settings),
+                                                 monitoring.has_meter(settings))),
                      dest=EXPORTERS_CONF, user="root", group="root", mode="644")
     systemd.service(name="nginx running", service="nginx", running=True, enabled=True)
     systemd.service(name="Restart nginx (its drop-in changed)", service="nginx.service",

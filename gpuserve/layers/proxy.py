@@ -22,7 +22,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, certs, gateway, layout, proxy_conf, rollout, secret_sources, tenants
+from gpuserve import api_keys, certs, gateway, layout, meter, proxy_conf, rollout, secret_sources, tenants
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan, SecretInstall
 from gpuserve.layers import secrets_ops
@@ -166,6 +166,7 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     old_common = files.file(name="No shared settings in their old place (they defined the log format "
                                  "after a site that sorts first)", path=proxy_conf.OLD_COMMON_CONF,
                             present=False)
+    meter_js = meter_files()
     nginx_credentials()
     tls = tls_files(plan)
     gateways = gateway.addresses(all_settings())   # docs/gateway.md: only they reach the client routes
@@ -176,7 +177,7 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
                        src=StringIO(proxy_conf.NGINX_DROPIN), dest=DROPIN, user="root", group="root",
                        mode="644")
     systemd.daemon_reload(name="Reload systemd units (nginx drop-in)", _if=dropin.did_change)
-    changed = [default_site, common, limits_js, old_common, tls_conf, *tls]
+    changed = [default_site, common, limits_js, meter_js, old_common, tls_conf, *tls]
     limits = proxy_conf.ProxyLimits(**settings.proxy_limits)
     for dep in settings.deployments:
         client_secret = plan.secret(dep.name, "client-keys")
@@ -239,6 +240,40 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     if drain_flags:
         server.shell(name=f"Remove the drain flags of removed deployments ({', '.join(drain_flags)})",
                      commands=[f"rm -f {' '.join(drain_flags)}"])
+    token_meter()
+
+
+def meter_files():
+    """The prompt routes' usage reader (njs, gpuserve.proxy_conf.METER_JS_TEXT) and the usage log,
+    made before nginx opens it; the reader's operation (a change reloads nginx)."""
+    # nginx's master (root, UMask=0027 in its drop-in) would make the log root:root 0640, which
+    # mtail (group adm) cannot read; Debian's logrotate makes each new one www-data:adm 0640
+    files.file(name="The proxy's usage log (www-data:adm 0640, as logrotate makes it)", path=proxy_conf.USAGE_LOG,
+               user="www-data", group="adm", mode="640")
+    return files.put(name="The prompt routes' token usage reader (njs)", src=StringIO(proxy_conf.METER_JS_TEXT),
+                     dest=proxy_conf.METER_JS, user="root", group="root", mode="644")
+
+
+def token_meter() -> None:
+    """mtail counting tokens per key from the usage log nginx writes (gpuserve.meter): on
+    127.0.0.1:meter.PORT, confined; Debian's own mtail.service stays off. A changed program is
+    reloaded (counters kept), a changed unit restarts it."""
+    apt.packages(name="mtail (tokens per key from the proxy's usage log)", packages=[meter.PACKAGE],
+                 extra_install_args="--no-install-recommends")
+    systemd.service(name="Debian's mtail.service off (gpuserve-meter runs mtail)", service=meter.DEBIAN_UNIT,
+                    running=False, enabled=False)
+    files.directory(name="Token meter program directory", path=meter.PROGRAM_DIR, user="root", group="root",
+                    mode="755")
+    program = files.put(name="Token meter program (mtail)", src=StringIO(meter.PROGRAM_TEXT), dest=meter.PROGRAM,
+                        user="root", group="root", mode="644")
+    unit = files.put(name=f"{meter.UNIT}", src=StringIO(meter.unit_text()),
+                     dest=layout.systemd_unit_path(meter.UNIT), user="root", group="root", mode="644")
+    systemd.daemon_reload(name=f"Reload systemd units ({meter.UNIT})", _if=unit.did_change)
+    systemd.service(name="Token meter running and enabled", service=meter.UNIT, running=True, enabled=True)
+    systemd.service(name="Token meter restarted (its unit changed)", service=meter.UNIT, restarted=True,
+                    _if=unit.did_change)
+    systemd.service(name="Token meter reloads its program", service=meter.UNIT, reloaded=True,
+                    _if=lambda: program.did_change() and not unit.did_change())
 
 
 def tls_files(plan: HostPlan) -> list:

@@ -156,6 +156,7 @@ def test_promtool_accepts_every_query(tmp_path):
 ENGINE = f'job="{monitoring.ENGINE_JOB}",host="{HOST}",deployment="{DEPLOYMENT}"'
 NODE = f'job="{monitoring.NODE_JOB}",host="{HOST}"'
 DCGM = f'job="{monitoring.DCGM_JOB}",host="{HOST}",gpu="0"'
+METER = f'job="{monitoring.METER_JOB}",host="{HOST}",deployment="{DEPLOYMENT}"'
 
 
 def series() -> list[dict]:
@@ -184,6 +185,8 @@ def series() -> list[dict]:
         (f"{grafana.NODE_MEM_AVAILABLE}{{{NODE}}}", "6e10x60"),
         (f"{grafana.NODE_MEM_TOTAL}{{{NODE}}}", "1e11x60"),
         ('ALERTS{alertname="GpuserveKvCacheFull",alertstate="firing",host="gpu-1"}', "1x60"),
+        (f'{monitoring.METER_TOKENS}{{{METER},key_id="c-solo-1",tenant="solo",kind="prompt"}}', "0+50x60"),
+        (f'{monitoring.METER_UNMETERED}{{{METER},key_id="c1",tenant="-"}}', "0+1x60"),
     ]
     for name in (grafana.DCGM_GPU_UTIL, grafana.DCGM_FB_USED, grafana.DCGM_FB_FREE,
                  grafana.DCGM_GPU_TEMP, grafana.DCGM_POWER, monitoring.DCGM_XID,

@@ -232,7 +232,7 @@ def test_every_gpuserve_unit_scores_3_or_less(tmp_path):
     """Issue 12: `systemd-analyze security` 3.0 or less for every unit gpuserve writes. The
     engine's is checked on a converged host too (tests/integration/test_hardening.py); nginx's
     drop-in needs Debian's unit beside it, so there only."""
-    from gpuserve import engine_guard
+    from gpuserve import engine_guard, meter
     from gpuserve.config import validate_inventory
     from gpuserve.gateway import unit as gateway_unit
     from gpuserve.layers import watchdog
@@ -246,6 +246,7 @@ def test_every_gpuserve_unit_scores_3_or_less(tmp_path):
         "gpuserve-engine-guard.service": engine_guard.unit_text(),
         "gpuserve-watchdog@.service": watchdog.unit_text(),
         "gpuserve-gateway.service": gateway_unit(g, "/opt/gpuserve/envs/smg-1.13.0-py3.11"),
+        "gpuserve-meter.service": meter.unit_text(),
     }
     scores = {name: _exposure(tmp_path, name, text) for name, text in units.items()}
     assert all(score <= 3.0 for score in scores.values()), scores
