@@ -43,7 +43,7 @@ from gpuserve import fanout_agent as agent_mod
 from gpuserve import weights as w
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
-from gpuserve.layers.secrets_ops import secret_file
+from gpuserve.operations.secrets import secret_file
 from gpuserve.layers.weights import (Target, _call, _die_with_parent, _state, _todo, checkpoint_space,
                                      connector_args, planned_state, rsync_path_args, ssh_command)
 

@@ -35,12 +35,12 @@ from gpuserve import api_keys, engine_guard, gateway as gw, proxy_conf, wheelhou
 from gpuserve import engine as eng
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers import proxy as proxy_layer
-from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings, host_plan
 from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.layers.engine import uv_binary
 from gpuserve.layers.engine_guard import service_guard
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
+from gpuserve.operations import secrets as secrets_ops
 
 NGINX_DIR = proxy_conf.NGINX_DIR
 
