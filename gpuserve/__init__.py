@@ -97,6 +97,7 @@ operations/: gpuserve's own pyinfra ``@operation`` functions, one module per kin
     gpu_stack       the GPU stack's package sets, driver reboot, verification and admission, decided
                     at execute time (also the host checks a rollout's stack move reads)
     secrets         secret files and systemd credentials, written without showing them
+    venv            uv, the pushed wheels and the venvs uv builds (the engine's, smg's)
 facts/: pyinfra facts, each beside its pure parser
     admission       everything the admission checks read, in one round trip
     amd             amd-smi's GPUs, ROCm and the loaded amdgpu module
