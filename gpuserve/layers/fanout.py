@@ -44,8 +44,8 @@ from gpuserve import weights as w
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
 from gpuserve.operations.secrets import secret_file
-from gpuserve.layers.weights import (Target, _call, _die_with_parent, _state, _todo, checkpoint_space,
-                                     connector_args, planned_state, rsync_path_args, ssh_command)
+from gpuserve.operations.weights import (Target, _call, _die_with_parent, _state, _todo, checkpoint_space,
+                                         connector_args, planned_state, rsync_path_args, ssh_command)
 
 STALL_S = 900       # no byte moved on a host for this long: the wait fails, naming what is stuck
 POLL_S = 2
