@@ -99,6 +99,7 @@ operations/: gpuserve's own pyinfra ``@operation`` functions, one module per kin
     secrets         secret files and systemd credentials, written without showing them
     venv            uv, the pushed wheels and the venvs uv builds (the engine's, smg's)
     weights         a checkpoint revision staged, verified and published on a host; rsync over SSH
+    fanout          the weights fan-out: start a host's fetch, the control node's pusher, the wait
 facts/: pyinfra facts, each beside its pure parser
     admission       everything the admission checks read, in one round trip
     amd             amd-smi's GPUs, ROCm and the loaded amdgpu module
