@@ -74,10 +74,9 @@ config/: validation, group data -> frozen settings per host (__init__: check_hos
     gateway_keys    a gateway host's keys (smg, its ports, the clients' keys)
     principles      the rules every value is held to; gpuserve's own units and ports on a host
     fleet           checks across hosts: the gateway's workers, one machine under two names
-layers/: pyinfra ``@deploy`` layers, the custom operations they use, and the rollout's steps
+layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified
-    gpu_ops         the GPU stack's operations that decide at execute time (also the move's checks)
     engine          uv and one immutable venv per engine pin
     engine_guard    the engine guard's nftables table on every serving host
     weights         the pinned checkpoint revision on every host's NVMe
@@ -88,7 +87,6 @@ layers/: pyinfra ``@deploy`` layers, the custom operations they use, and the rol
     gateway         smg behind nginx on a gateway host
     monitoring      node-exporter everywhere; Prometheus and alertmanager on monitor hosts
     removal         removal of deployments no longer planned, and decommission
-    secrets_ops     operations that write secret files without showing them
     context         the validated settings and plan of the host a deploy runs for
     rollout         the rollout operation: lock, budget, batches, release moves
     stack_move      the GPU-stack and OS-update moves of a rollout
@@ -98,6 +96,13 @@ layers/: pyinfra ``@deploy`` layers, the custom operations they use, and the rol
     canary_bake     the canary bake after an upgrade's first batch
     cache_seed      a move's engine-cache seed: unpacked before the start, published after the gate
     remote          commands a rollout runs on other hosts, each bounded in time
+operations/: gpuserve's own pyinfra ``@operation`` functions, one module per kind of thing changed
+    gpu_stack       the GPU stack's package sets, driver reboot, verification and admission, decided
+                    at execute time (also the host checks a rollout's stack move reads)
+    secrets         secret files and systemd credentials, written without showing them
+    venv            uv, the pushed wheels and the venvs uv builds (the engine's, smg's)
+    weights         a checkpoint revision staged, verified and published on a host; rsync over SSH
+    fanout          the weights fan-out: start a host's fetch, the control node's pusher, the wait
 facts/: pyinfra facts, each beside its pure parser
     admission       everything the admission checks read, in one round trip
     amd             amd-smi's GPUs, ROCm and the loaded amdgpu module

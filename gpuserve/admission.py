@@ -3,7 +3,7 @@
 Pure logic, no pyinfra: parsers turn the vendor tools' output (gathered on the host by
 gpuserve.facts.admission) into observations, and `evaluate` turns observations and the
 thresholds from group data (docs/gpu-stack.md, "Admission") into one `Finding` per GPU and
-check. The GPU-stack layer (gpuserve.layers.gpu_ops.admission) fails a host with any failing
+check. The GPU-stack layer (gpuserve.operations.gpu_stack.admission) fails a host with any failing
 finding; the move pipeline's `verify` step calls the same operation.
 
 NVIDIA sources (formats as NVIDIA documents them; fixtures in tests/unit/fixtures/gpus/):

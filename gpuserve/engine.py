@@ -1,7 +1,7 @@
 """The engine's venv: its id, the exact uv commands that build it, and how the service starts it.
 
 Pure: no I/O, no pyinfra. The engine layer (``gpuserve.layers.engine``) turns these strings into
-operations; the service layer calls ``launch_argv`` / ``config_additions`` for the unit.
+operations (``gpuserve.operations.venv``); the service layer calls ``launch_argv`` / ``config_additions`` for the unit.
 
 One immutable venv per engine pin, at ``/opt/gpuserve/envs/<engine id>``::
 

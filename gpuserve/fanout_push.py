@@ -2,7 +2,8 @@
 
     python -m gpuserve.fanout_push JOB.json
 
-Started by the weights layer (``gpuserve.layers.fanout``) at the beginning of a converge, in the
+Started by the weights fan-out (``gpuserve.layers.fanout``, its ``push`` operation in
+``gpuserve.operations.fanout``) at the beginning of a converge, in the
 background, as a child of the pyinfra process (it dies with it). It stages the revision in the
 control node's cache (``gpuserve.checkpoints.fleet_stage``: the hub is asked once per fleet), then
 sends each stripe's files, in order, with rsync over that host's own SSH settings into

@@ -12,7 +12,7 @@ The output is held in this process's memory only: never written to the control n
 printed (messages name the command, never its output), and each command runs once per run, however
 many hosts use it (``read_text`` keeps the result in memory for the process's lifetime). Its
 standard error is passed through, so a passphrase prompt (age, gpg's pinentry) still reaches the
-terminal. On the hosts the content is installed by gpuserve.layers.secrets_ops, which shows no
+terminal. On the hosts the content is installed by gpuserve.operations.secrets, which shows no
 content in any pyinfra output, ``--diff`` included.
 
 A leaf: no gpuserve imports.

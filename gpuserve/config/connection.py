@@ -10,7 +10,7 @@ from gpuserve.values import host_name_problem
 # pyinfra passes these in the command it runs (`env PYINFRA_SUDO_PASSWORD=... sudo -A ...`), so
 # the host's `ps` shows them while the command runs
 LOGIN_PASSWORD_KEYS = ("_sudo_password", "_su_password")
-# secret files go up through sudo only (gpuserve.layers.secrets_ops)
+# secret files go up through sudo only (gpuserve.operations.secrets)
 LOGIN_ESCALATIONS_REFUSED = ("_su_user", "_doas", "_dzdo")
 
 

@@ -1,7 +1,7 @@
 """GPUs as the host reports them: the one parser of ``nvidia-smi`` and of ``amd-smi``'s GPU list.
 
 Both ``gpuserve status`` (the ``Gpus`` fact here) and the GPU-stack verification
-(gpuserve.facts.nvidia.NvidiaSmiGpus, gpuserve.facts.amd.AmdSmiGpus, read by layers/gpu_ops.py)
+(gpuserve.facts.nvidia.NvidiaSmiGpus, gpuserve.facts.amd.AmdSmiGpus, read by operations/gpu_stack.py)
 parse the tools' output with ``parse_nvidia_smi`` / ``parse_amd_smi``. The parsers are pure (tests
 feed them recorded output from tests/unit/fixtures/ and the sandbox's simulated tools).
 

@@ -5,18 +5,17 @@
     /opt/gpuserve/envs/<engine id>/              the venv: built as <id>.partial, verified, renamed
     /opt/gpuserve/cache/uv/                      uv's cache, on the venvs' filesystem (hard links)
 
-The same operations every run; each looks at the host first and does nothing when its result is
-there: a host whose venv for this pin exists gets no push and no uv call, so a second converge
-changes and transfers nothing. A changed pin is a new engine id, so a new venv beside the old
-ones; this layer never deletes a venv (retention belongs to the service layer), only a
-``.partial`` left by a killed build.
+The same operations every run (gpuserve.operations.venv); each looks at the host first and does
+nothing when its result is there: a host whose venv for this pin exists gets no push and no uv
+call, so a second converge changes and transfers nothing. A changed pin is a new engine id, so a
+new venv beside the old ones; this layer never deletes a venv (retention belongs to the service
+layer), only a ``.partial`` left by a killed build.
 """
 
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
-from pyinfra.facts.files import Directory, File
+from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
@@ -24,6 +23,7 @@ from gpuserve import engine as eng
 from gpuserve import layout, wheelhouse
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan
+from gpuserve.operations.venv import pushed_wheels, uv_binary, venv
 
 
 def resolve_engine(settings: HostSettings) -> tuple[eng.EngineSpec, wheelhouse.WheelSet | None]:
@@ -35,40 +35,6 @@ def resolve_engine(settings: HostSettings) -> tuple[eng.EngineSpec, wheelhouse.W
     wset = wheelhouse.load_set(settings.wheelhouse, settings.engine_package, settings.engine_version,
                                settings.python_version, settings.torch_backend, host.get_fact(Arch))
     return eng.spec_for(settings, wheelset=wset.digest), wset
-
-
-@operation()
-def uv_binary(version: str, wheelhouse_dir: str | None):
-    """uv ``version`` at ``/opt/gpuserve/bin/uv-<version>``, from its wheel: the wheelhouse's,
-    or one downloaded once into the control node's cache."""
-    if host.get_fact(File, path=eng.uv_path(version)):
-        host.noop(f"uv {version} is installed")
-        return
-    wheel = wheelhouse.uv_wheel(version, host.get_fact(Arch), wheelhouse_dir)
-    remote = f"{eng.WHEELHOUSE_DIR}/uv/{wheel.name}"
-    yield from files.put._inner(src=str(wheel), dest=remote, user="root", group="root", mode="644")
-    yield eng.uv_install_script(version, remote, wheelhouse.sha256_file(wheel))
-
-
-@operation()
-def pushed_wheels(wset: wheelhouse.WheelSet, spec: eng.EngineSpec):
-    """The set's wheels (minus the excluded packages') on the host, while a venv needs them."""
-    if host.get_fact(Directory, path=spec.env_dir):
-        host.noop(f"{spec.id} is built: no wheels needed")
-        return
-    skipped = [str(wset.path / f) for f in wset.excluded_files(spec.excludes)]
-    yield from files.sync._inner(src=str(wset.path), dest=f"{eng.WHEELHOUSE_DIR}/{wset.name}",
-                                 user="root", group="root", mode="644", dir_mode="755",
-                                 delete=False, exclude=skipped or None)
-
-
-@operation()
-def venv(spec: eng.EngineSpec, uv: str, remote_set: str | None):
-    """The engine venv ``spec.env_dir``, built atomically (``gpuserve.engine.build_script``)."""
-    if host.get_fact(Directory, path=spec.env_dir):
-        host.noop(f"{spec.env_dir} is built")
-        return
-    yield eng.build_script(spec, uv, remote_set)
 
 
 @deploy("Engine")

@@ -1,5 +1,7 @@
 """Gateway layer: smg (its own pinned uv venv, a hardened unit) behind nginx on a gateway host.
 
+smg's venv is built by gpuserve.operations.venv.smg_venv, with the engine's uv.
+
     nginx   gateway_bind:gateway_port   TLS, client keys, client routes only (proxy_conf.server_conf):
                                         no admin route for any key, operator keys included
     smg     127.0.0.1:gateway_smg_port  API and admin API; metrics on gateway_metrics_host
@@ -22,7 +24,7 @@ from pathlib import Path
 import gevent.lock
 
 from pyinfra import host, logger
-from pyinfra.api import deploy, operation
+from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
 from pyinfra.facts.files import Directory, File, FileContents
@@ -35,23 +37,14 @@ from gpuserve import api_keys, engine_guard, gateway as gw, proxy_conf, wheelhou
 from gpuserve import engine as eng
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers import proxy as proxy_layer
-from gpuserve.layers import secrets_ops
 from gpuserve.layers.context import all_settings, host_plan
 from gpuserve.secret_sources import SecretCommand, SecretSourceError
-from gpuserve.layers.engine import uv_binary
 from gpuserve.layers.engine_guard import service_guard
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
+from gpuserve.operations import secrets as secrets_ops
+from gpuserve.operations.venv import smg_venv, uv_binary
 
 NGINX_DIR = proxy_conf.NGINX_DIR
-
-
-@operation()
-def smg_venv(version: str, python_version: str, python_downloads: str, uv: str, wheels: str | None):
-    """smg's venv, built once per (version, python); an existing one is never touched."""
-    if host.get_fact(Directory, path=gw.venv_dir(version, python_version)):
-        host.noop(f"smg {version} is installed")
-        return
-    yield gw.build_script(version, python_version, python_downloads, uv, wheels)
 
 
 def _keys(file: str | None, what: str, required: bool) -> list[str]:

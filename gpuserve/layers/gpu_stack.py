@@ -3,7 +3,7 @@
 Settings are group data (docs/gpu-stack.md); the hardware is declared by the host's hardware
 group (gpu_model, gpu_count, nvswitch) and checked against the host after the install. What to
 install is decided by gpuserve.stack (pure, unit-tested); the operations that decide at execute
-time (holds, reboot, verification) are in gpuserve.layers.gpu_ops.
+time (holds, reboot, verification) are in gpuserve.operations.gpu_stack.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import layout, stack
-from gpuserve.layers import gpu_ops
+from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.facts.deployment import Deployment
 from gpuserve.layers.context import host_settings
 from gpuserve.rollout import StackMove

@@ -8,7 +8,7 @@ Prometheus (127.0.0.1:9090) and alertmanager (127.0.0.1:9093, no cluster port) s
 monitor's loopback: reach them over SSH (docs/monitoring.md). The configuration comes from
 gpuserve.monitoring; the scrape keys (monitoring routes only, never operator keys) prometheus
 scrapes the engines with are secret files
-(gpuserve.layers.secrets_ops), never in prometheus.yml.
+(gpuserve.operations.secrets), never in prometheus.yml.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from gpuserve import (api_keys, certs, engine_guard, meter, monitoring, proxy_co
                       stack, templating)
 from gpuserve.config import HostSettings
 from gpuserve.layers import proxy as proxy_layer
-from gpuserve.layers import secrets_ops
+from gpuserve.operations import secrets as secrets_ops
 from gpuserve.layers.engine_guard import service_guard
 from gpuserve.secret_sources import SecretCommand, SecretSourceError
 

@@ -6,7 +6,7 @@ route needs an operator key (the monitoring routes: or a peer in an operator net
 /health, which load balancers poll, is open and answers 503 while a rollout has the host out of rotation (gpuserve/proxy_conf.py).
 Client keys live only here: rotating them is an nginx reload, never an engine restart. The engine
 gets its own key, made on the host, which the proxy adds to each request. No secret is uploaded
-with files.put (its --diff would print it): gpuserve/layers/secrets_ops.py.
+with files.put (its --diff would print it): gpuserve/operations/secrets.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pyinfra.operations.util import any_changed
 from gpuserve import api_keys, certs, gateway, layout, meter, proxy_conf, rollout, secret_sources, tenants
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan, SecretInstall
-from gpuserve.layers import secrets_ops
+from gpuserve.operations import secrets as secrets_ops
 from gpuserve.layers.context import all_settings
 from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.values import is_host
@@ -58,7 +58,7 @@ NGINX_TEST = "/usr/sbin/nginx -t -q -g 'daemon on; master_process on;'"   # Debi
 
 
 def nginx_credentials() -> None:
-    """What decrypts nginx's credentials (gpuserve.layers.secrets_ops.credential_file) when it
+    """What decrypts nginx's credentials (gpuserve.operations.secrets.credential_file) when it
     starts: the script and nginx's drop-in that runs it. No restart: a running nginx already
     reads the /run copies the converge writes."""
     files.directory(name="gpuserve tools", path=posixpath.dirname(secrets_ops.CREDENTIALS_BIN),

@@ -17,7 +17,7 @@ kernel was installed, after its GPU driver module (DKMS) was found built for it;
 stack. docs/patching.md.
 
 Every decision reads the host's facts fresh at that moment (gpuserve.layers.remote.fact), with
-the same code the GPU-stack layer uses in a converge (gpuserve.layers.gpu_ops). A failure before
+the same code the GPU-stack layer uses in a converge (gpuserve.operations.gpu_stack). A failure before
 the change puts the host back into rotation on its old stack; a failure after it leaves the host
 out: engines stopped, drain flags kept, and the rollout halts naming the host and the check.
 """
@@ -34,7 +34,8 @@ from pyinfra import logger
 from gpuserve import admission, patch, rollout, stack
 from gpuserve.config import HostSettings
 from gpuserve.facts.kernel import HeldVersions, KernelState
-from gpuserve.layers import gpu_ops, remote, rotation
+from gpuserve.layers import remote, rotation
+from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.layers import patch as patch_layer
 from gpuserve.layers.gate import gate
 from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell

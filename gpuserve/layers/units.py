@@ -24,7 +24,8 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import api_keys, engine_guard, layout, rollout, templating
 from gpuserve.config import DeploymentSettings, HostSettings
-from gpuserve.layers import cache_seed, secrets_ops
+from gpuserve.layers import cache_seed
+from gpuserve.operations import secrets as secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
 from gpuserve.facts.deployment import Deployment, DeploymentState, ReleaseRecords
 from gpuserve.host_plan import HostPlan

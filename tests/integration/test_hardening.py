@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuserve import layout
-from gpuserve.layers.secrets_ops import SHM_UPLOAD
+from gpuserve.operations.secrets import SHM_UPLOAD
 from gpuserve_sandbox import fleet as fleet_view
 from gpuserve_sandbox.hosts import LOGIN_USER
 from gpuserve_sandbox.services import api_keys_path

@@ -74,7 +74,8 @@ def test_the_guard_sees_a_path_literal():
 
 
 def test_what_removal_takes_from_layout_matches_the_modules_that_make_it():
-    from gpuserve.layers import gpu_stack, monitoring as monitoring_layer, proxy, secrets_ops, units, watchdog
+    from gpuserve.layers import gpu_stack, monitoring as monitoring_layer, proxy, units, watchdog
+    from gpuserve.operations import secrets as secrets_ops
 
     assert posixpath.dirname(rollout.LOCK_FILE) == layout.ROLLOUT_LOCK_DIR
     assert engine.LOG_DIR == layout.ENGINE_LOG_DIR

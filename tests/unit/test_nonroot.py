@@ -10,7 +10,8 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 from pyinfra.facts.server import Home
 
-from gpuserve.layers import remote, secrets_ops
+from gpuserve.layers import remote
+from gpuserve.operations import secrets as secrets_ops
 from gpuserve_sandbox import inventory
 from gpuserve_sandbox.hosts import LOGIN_USER
 from gpuserve_sandbox.util import SandboxError
@@ -101,7 +102,7 @@ def test_a_failed_upload_names_the_host_and_the_file_and_renames_nothing():
     assert h.commands == []
 
 
-# -- secret files through sudo (gpuserve.layers.secrets_ops) ------------------------------------
+# -- secret files through sudo (gpuserve.operations.secrets) -------------------------------------
 
 class OpHost:
     """Enough of pyinfra's Host for the secret_file generator: facts asked are recorded."""

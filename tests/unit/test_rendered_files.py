@@ -22,8 +22,9 @@ import pytest
 from gpuserve import engine_guard, gateway, meter, proxy_conf, stack, tenants
 from gpuserve.config import validate_inventory
 from gpuserve.host_plan import plan_host
-from gpuserve.layers import monitoring, proxy, secrets_ops, units, watchdog
+from gpuserve.layers import monitoring, proxy, units, watchdog
 from gpuserve.layers import fanout as fanout_layer
+from gpuserve.operations import secrets as secrets_ops
 
 from .helpers import FIXTURES, SHA, make_inventory
 from .test_gateway import fleet as gateway_fleet

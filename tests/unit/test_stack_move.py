@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from gpuserve import admission, rollout, stack
-from gpuserve.layers import gpu_ops, rotation
+from gpuserve.layers import rotation
 from gpuserve.layers import stack_move as layer
 from gpuserve.layers.remote import MoveFailed
+from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.rollout import Move, StackMove, batches, stack_moves_first
 
 from .helpers import key_file, make_inventory, settings_of

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuserve.layers.weights import Target
+from gpuserve.operations.weights import Target
 from tests.unit.helpers import SHA, make_inventory, one_problem, settings_of
 
 
