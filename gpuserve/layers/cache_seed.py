@@ -18,7 +18,6 @@ when the store holds no seed yet. A second run adds neither.
 from __future__ import annotations
 
 import os
-
 import re
 
 import gevent

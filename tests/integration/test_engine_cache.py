@@ -1,10 +1,12 @@
 """Warm engine caches across hosts (issue 24) on two real sandbox hosts of one hardware kind.
 
-A rolling upgrade moves the first host (the canary of its hardware) on a cold cache: after its
-gate passed, its cache dir becomes the fleet's seed for (release, hardware), a tar in the control
-node's store beside the weights cache. The second host unpacks that seed into its own cache dir
-before its engine starts: every file of the seed is there afterwards, with the seed's content,
-and the host's marker names the seed. A second run moves nothing, seeds nothing again.
+A converge of both hosts starts them together: the run's first host publishes its caches as the
+seed of that release. A rolling upgrade to a new release then moves the first host (the canary of
+its hardware) without a seed for it: after its gate passed, its cache dir becomes the fleet's seed
+for (new release, hardware), a tar in the control node's store beside the weights cache. The
+second host unpacks that seed into its own cache dir before its engine starts: every file of the
+seed is there afterwards, with the seed's content, and the host's marker names the seed. A second
+run moves nothing, seeds nothing again.
 
 Slow (two cpu hosts' converge, then a rolling upgrade): `pytest -m slow`. bench/warm_cache.py
 measures what a seed saves with compilation on.
@@ -45,7 +47,11 @@ def _cache_files(sandbox, h) -> dict[str, str]:
 
 def test_the_first_host_of_a_release_seeds_the_next_one(fleet, sandbox, pyinfra):
     first, second = fleet["hosts"]
-    pyinfra(INV, SERVE).check()
+    serve = pyinfra(INV, SERVE).check()
+    # a converge: the run's first host of this hardware publishes (nothing to seed from yet)
+    k0 = engine_cache.seed_key(view.pointers(sandbox, first, DEP)[0], "cpu", 0)
+    assert f"[{first.name}] {DEP}: its engine caches are now the fleet's seed for {k0}" in serve.output
+    assert f"[{second.name}] {DEP}: its engine caches are now" not in serve.output
     run = pyinfra(INV, UPGRADE, "--data", f"model_revision={fleet['sha1']}").check()
     release = view.pointers(sandbox, first, DEP)[0]
     assert view.pointers(sandbox, second, DEP)[0] == release   # one release, one hardware kind
