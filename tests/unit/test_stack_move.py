@@ -250,6 +250,24 @@ def test_a_move_without_the_free_disk_it_needs_is_refused_before_the_host_leaves
     assert _steps(enough)[:4] == ["out", "stop", "unhold", "install"]
 
 
+def test_a_move_whose_packages_the_host_cannot_see_is_refused_before_the_host_leaves_rotation(
+        settings, host_state, monkeypatch):
+    """The third precondition: the target's packages offered to the host's apt (its pin or
+    sources written first). stack.plan_packages says which are not; the move refuses on it."""
+    offered = {"nvidia-open": [f"{OLD}-1"]}   # the host's repositories lack the new driver
+    target = stack.target(settings.stack, _move(settings).os)
+    real = stack.plan_packages(target.specs, {"nvidia-open": f"{OLD}-1"}, ["nvidia-open"], offered,
+                               target.family)
+    assert real.problems and f"is not offered by the configured repositories (offered: {OLD}-1)" in real.problems[0]
+    monkeypatch.setattr(gpu_ops, "_plan", lambda specs, family, with_versions=False, get=None: real)
+    h = Fresh()
+    _apt_install(h, host_state)
+    with pytest.raises(MoveFailed, match="refused before the host left rotation: .* is not offered by the "
+                                         "configured repositories.*serves on its old stack"):
+        layer.move_stack(h, _move(settings), settings)
+    assert _steps(h) == []     # never out, never stopped, nothing installed
+
+
 def test_free_mib_reads_the_least_free_filesystem():
     out = ("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
            "/dev/a 10 1 4096 1% /var\n/dev/b 10 1 1048576 1% /usr\n")
