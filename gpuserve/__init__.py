@@ -5,8 +5,8 @@ The package holds the logic; ``deploys/`` holds the thin pyinfra entry points.
 Every module of the package, one concern each (tests/unit/test_package_docstring.py keeps this
 list whole; docs/rollout.md maps the move pipeline across them):
 
-Settings and plans (pure: no host access; validation itself is the package config/, below)
-    schema          every setting's type, default, what is allowed and its doc line
+Settings and plans (pure: no host access; the schema and validation are the packages schema/ and
+config/, below)
     host_plan       one immutable plan per host: what validation decided for it
     values          checks of single values several settings share (URLs, host names, paths)
     errors          the one error a bad inventory raises: every problem on every host
@@ -74,6 +74,12 @@ config/: validation, group data -> frozen settings per host (__init__: check_hos
     gateway_keys    a gateway host's keys (smg, its ports, the clients' keys)
     principles      the rules every value is held to; gpuserve's own units and ports on a host
     fleet           checks across hosts: the gateway's workers, one machine under two names
+schema/: every setting's type, default, what is allowed and its doc line (__init__: key, default,
+        allowed, choices, defaults: the lookups every other module makes)
+    types           a key's row and what it allows: a choice, an int range, a number range
+    keys            the table of every key, in docs/configuration.md's order, and its sections
+    doc             docs/configuration.md's key tables, regenerated between their markers
+    __main__        ``python -m gpuserve.schema docs/configuration.md``
 layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified
