@@ -19,9 +19,9 @@ config/, below)
     engine_parser   an engine's serve parser described (standard library; runs in the engine's venv)
     packages        facts about engine packages by name
     layout          where things live on a served host (paths, unit names, the service user)
-What goes onto hosts, rendered on the control node (pure)
+What goes onto hosts, rendered on the control node (pure; the engine's venv is the package engine/,
+below)
     templating      the Jinja2 templates (the top-level templates/): a unit, drop-in or site by name
-    engine          the engine's venv: its id, the uv commands that build it, how the unit starts it
     venv_files      which distribution owns which file of a venv (the engine build fails on a clash)
     release_files   a deployment's release as files (serve.yaml, launch, the readiness gate's command)
     releases        releases: the immutable pinned tuple a host serves, and their bookkeeping
@@ -80,6 +80,11 @@ schema/: every setting's type, default, what is allowed and its doc line (__init
     keys            the table of every key, in docs/configuration.md's order, and its sections
     doc             docs/configuration.md's key tables, regenerated between their markers
     __main__        ``python -m gpuserve.schema docs/configuration.md``
+engine/: the engine's venv: its id, the uv commands that build it, how the unit starts it
+    spec            the engine spec (its id, paths, per-package defaults), spec_for, the unit's argv
+    uv              uv's binary from its wheel, its environment, the venv and install commands
+    verify          what the new venv runs: no file owned twice, the pin imports, native modules load
+    build           the whole build of one venv as one shell script: locked, verified, renamed
 layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified
