@@ -19,13 +19,12 @@ config/, below)
     engine_parser   an engine's serve parser described (standard library; runs in the engine's venv)
     packages        facts about engine packages by name
     layout          where things live on a served host (paths, unit names, the service user)
-What goes onto hosts, rendered on the control node (pure; the engine's venv is the package engine/,
-below)
+What goes onto hosts, rendered on the control node (pure; the engine's venv and the GPU stack are the
+packages engine/ and stack/, below)
     templating      the Jinja2 templates (the top-level templates/): a unit, drop-in or site by name
     venv_files      which distribution owns which file of a venv (the engine build fails on a clash)
     release_files   a deployment's release as files (serve.yaml, launch, the readiness gate's command)
     releases        releases: the immutable pinned tuple a host serves, and their bookkeeping
-    stack           the GPU stack as data: packages, versions, repositories, the checks of a host
     admission       the admission checks per GPU (ECC, retired pages, PCIe, NVLink, XIDs)
     engine_guard    the nftables table that lets only the proxy open the engine ports
     proxy_conf      the nginx configuration of the TLS front
@@ -85,6 +84,13 @@ engine/: the engine's venv: its id, the uv commands that build it, how the unit 
     uv              uv's binary from its wheel, its environment, the venv and install commands
     verify          what the new venv runs: no file owned twice, the pin imports, native modules load
     build           the whole build of one venv as one shell script: locked, verified, renamed
+stack/: the GPU stack as data: packages, versions, repositories, the checks of a host
+    settings        the stack's group-data keys validated (StackSettings), admission's thresholds
+    packages        the host's OS, and apt package sets: what is wanted, replaced, held and why not
+    nvidia          NVIDIA's CUDA repository, driver pin, package set and units
+    amd             ROCm's repository, key, origin pin and package set
+    checks          reboot and verification: a reboot owed, free space, GPUs, driver and units
+    target          the stack as a rollout target: its pins, why a host is not there, the record
 layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified

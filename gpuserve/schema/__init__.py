@@ -4,7 +4,7 @@ This table is the one place defaults live. ``gpuserve.config`` (HOST_DEFAULTS, D
 MONITOR_DEFAULTS, GATEWAY_DEFAULTS), ``gpuserve.stack.DEFAULTS`` and the settings dataclasses' field
 defaults are views of it; the simple checks (choices, integer and number ranges, booleans) take
 their bounds from ``allowed``; the checks that need more (paths, URLs, cross-key rules) stay
-functions in gpuserve/config/ (the module of the key's section) and stack.py, and ``allowed`` then
+functions in gpuserve/config/ (the module of the key's section) and stack/settings.py, and ``allowed`` then
 is the text the docs show.
 
 docs/configuration.md's key tables are generated from it, between ``<!-- schema:NAME -->`` and
