@@ -5,14 +5,13 @@ The package holds the logic; ``deploys/`` holds the thin pyinfra entry points.
 Every module of the package, one concern each (tests/unit/test_package_docstring.py keeps this
 list whole; docs/rollout.md maps the move pipeline across them):
 
-Settings and plans (pure: no host access; the schema and validation are the packages schema/ and
-config/, below)
+Settings and plans (pure: no host access; the schema, the recipes and validation are the packages
+schema/, recipes/ and config/, below)
     host_plan       one immutable plan per host: what validation decided for it
     values          checks of single values several settings share (URLs, host names, paths)
     errors          the one error a bad inventory raises: every problem on every host
     config_repo     where a config repo's files are found (docs/config-repo.md)
     hardware        the GPU catalogue and a host's hardware profile
-    recipes         hardware recipes: settings + a deployment -> the exact serve configuration
     engine_pins     which engine package and version a host installs, and what that pin serves
     engine_flags    the serve flags and torch pins of every engine pin gpuserve knows
     engine_overlay  a config repo's own engine releases (engines/*.json): the file format, checked
@@ -91,6 +90,12 @@ stack/: the GPU stack as data: packages, versions, repositories, the checks of a
     amd             ROCm's repository, key, origin pin and package set
     checks          reboot and verification: a reboot owed, free space, GPUs, driver and units
     target          the stack as a rollout target: its pins, why a host is not there, the record
+recipes/: hardware recipes: settings + a deployment -> the exact serve configuration (__init__: render)
+    types           a recipe and its engine tables, and the model families whose flags it must carry
+    table           the recipe table, flag for flag from its source; the recipe hardware selects
+    flags           ServeConfig, and the flag rules: what each key renders to, forbidden, secret
+    render          one deployment rendered: its flags, their checks, its environment and GPU set
+    checks          a host's recipe-level problems: hardware, model, engine, backend, the pin
 layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified
