@@ -5,27 +5,25 @@ The package holds the logic; ``deploys/`` holds the thin pyinfra entry points.
 Every module of the package, one concern each (tests/unit/test_package_docstring.py keeps this
 list whole; docs/rollout.md maps the move pipeline across them):
 
-Settings and plans (pure: no host access; validation itself is the package config/, below)
-    schema          every setting's type, default, what is allowed and its doc line
+Settings and plans (pure: no host access; the schema, the recipes and validation are the packages
+schema/, recipes/ and config/, below)
     host_plan       one immutable plan per host: what validation decided for it
     values          checks of single values several settings share (URLs, host names, paths)
     errors          the one error a bad inventory raises: every problem on every host
     config_repo     where a config repo's files are found (docs/config-repo.md)
     hardware        the GPU catalogue and a host's hardware profile
-    recipes         hardware recipes: settings + a deployment -> the exact serve configuration
     engine_pins     which engine package and version a host installs, and what that pin serves
     engine_flags    the serve flags and torch pins of every engine pin gpuserve knows
     engine_overlay  a config repo's own engine releases (engines/*.json): the file format, checked
     engine_parser   an engine's serve parser described (standard library; runs in the engine's venv)
     packages        facts about engine packages by name
     layout          where things live on a served host (paths, unit names, the service user)
-What goes onto hosts, rendered on the control node (pure)
+What goes onto hosts, rendered on the control node (pure; the engine's venv and the GPU stack are the
+packages engine/ and stack/, below)
     templating      the Jinja2 templates (the top-level templates/): a unit, drop-in or site by name
-    engine          the engine's venv: its id, the uv commands that build it, how the unit starts it
     venv_files      which distribution owns which file of a venv (the engine build fails on a clash)
     release_files   a deployment's release as files (serve.yaml, launch, the readiness gate's command)
     releases        releases: the immutable pinned tuple a host serves, and their bookkeeping
-    stack           the GPU stack as data: packages, versions, repositories, the checks of a host
     admission       the admission checks per GPU (ECC, retired pages, PCIe, NVLink, XIDs)
     engine_guard    the nftables table that lets only the proxy open the engine ports
     proxy_conf      the nginx configuration of the TLS front
@@ -74,6 +72,30 @@ config/: validation, group data -> frozen settings per host (__init__: check_hos
     gateway_keys    a gateway host's keys (smg, its ports, the clients' keys)
     principles      the rules every value is held to; gpuserve's own units and ports on a host
     fleet           checks across hosts: the gateway's workers, one machine under two names
+schema/: every setting's type, default, what is allowed and its doc line (__init__: key, default,
+        allowed, choices, defaults: the lookups every other module makes)
+    types           a key's row and what it allows: a choice, an int range, a number range
+    keys            the table of every key, in docs/configuration.md's order, and its sections
+    doc             docs/configuration.md's key tables, regenerated between their markers
+    __main__        ``python -m gpuserve.schema docs/configuration.md``
+engine/: the engine's venv: its id, the uv commands that build it, how the unit starts it
+    spec            the engine spec (its id, paths, per-package defaults), spec_for, the unit's argv
+    uv              uv's binary from its wheel, its environment, the venv and install commands
+    verify          what the new venv runs: no file owned twice, the pin imports, native modules load
+    build           the whole build of one venv as one shell script: locked, verified, renamed
+stack/: the GPU stack as data: packages, versions, repositories, the checks of a host
+    settings        the stack's group-data keys validated (StackSettings), admission's thresholds
+    packages        the host's OS, and apt package sets: what is wanted, replaced, held and why not
+    nvidia          NVIDIA's CUDA repository, driver pin, package set and units
+    amd             ROCm's repository, key, origin pin and package set
+    checks          reboot and verification: a reboot owed, free space, GPUs, driver and units
+    target          the stack as a rollout target: its pins, why a host is not there, the record
+recipes/: hardware recipes: settings + a deployment -> the exact serve configuration (__init__: render)
+    types           a recipe and its engine tables, and the model families whose flags it must carry
+    table           the recipe table, flag for flag from its source; the recipe hardware selects
+    flags           ServeConfig, and the flag rules: what each key renders to, forbidden, secret
+    render          one deployment rendered: its flags, their checks, its environment and GPU set
+    checks          a host's recipe-level problems: hardware, model, engine, backend, the pin
 layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified

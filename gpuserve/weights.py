@@ -552,30 +552,14 @@ def prepare(repo_dir: str, manifest: Manifest, *, margin: int = 0, where: str = 
     sha = manifest.revision
     final, stage = final_dir(repo_dir, sha), partial_dir(repo_dir, sha)
     with _Lock(repo_dir):
-        removed = []
-        for other in partial_revisions(repo_dir):
-            if other != sha:
-                shutil.rmtree(partial_dir(repo_dir, other))
-                removed.append(other)
+        removed = _remove_other_partials(repo_dir, sha)
         full_links = _link_sources(repo_dir, sha)
         links = {k: v[0] for k, v in full_links.items()}
         if os.path.isfile(os.path.join(final, MANIFEST_NAME)):
             mode = "repair"
-            recorded = read_manifest(final)
-            assert recorded is not None
-            if not recorded.same_files(manifest):
-                raise WeightsError(f"{where}: {final} holds other files than the hub lists for "
-                                   f"{manifest.repo}@{sha}; move it away and converge again")
-            bad, refreshed = audit(final, recorded, "changed")
-            bad = sorted(set(bad) | set(broken))
-            recorded.verified.update(refreshed)
-            # A broken file is unverified until replaced (commit then waits for it), and its inode,
-            # which other revisions may share, is no source for a hardlink.
+            recorded, bad, refreshed = _audit_complete(final, manifest, where, broken)
+            # A broken file's inode, which other revisions may share, is no source for a hardlink.
             bad_inodes = {_ino(os.path.join(final, p)) for p in bad}
-            for path in bad:
-                recorded.verified.pop(path, None)
-            if refreshed or bad:
-                write_manifest(final, recorded)
             links = {k: p for k, p in links.items() if _ino(p) not in bad_inodes}
             have = [p for p in recorded.files if p not in bad]
             if not bad:
@@ -585,14 +569,7 @@ def prepare(repo_dir: str, manifest: Manifest, *, margin: int = 0, where: str = 
                         "removed_partials": removed, "refreshed": sorted(refreshed)}
         else:
             mode = "new"
-            staged = read_manifest(stage) if os.path.isdir(stage) else None
-            if os.path.isdir(stage) and (staged is None or not staged.same_files(manifest)):
-                shutil.rmtree(stage)  # not ours, or for other files: start over
-                staged = None
-            recorded = Manifest(manifest.repo, sha, dict(manifest.files),
-                                dict(staged.verified) if staged else {})
-            have = [p for p, rec in recorded.verified.items() if _fresh(os.path.join(stage, p), rec)]
-            recorded.verified = {p: recorded.verified[p] for p in have}
+            recorded, have = _staged(stage, manifest)
         incoming_dir = os.path.join(stage, INCOMING)
         incoming = _incoming_sizes(incoming_dir, manifest) if os.path.isdir(incoming_dir) else {}
         plan = plan_fetch(manifest, have, links, incoming)
@@ -611,6 +588,51 @@ def prepare(repo_dir: str, manifest: Manifest, *, margin: int = 0, where: str = 
         return {"mode": mode, "transfer": plan.transfer, "link": len(plan.link),
                 "need_bytes": plan.need_bytes, "free_bytes": free, "removed_partials": removed,
                 "incoming": incoming_dir}
+
+
+def _remove_other_partials(repo_dir: str, sha: str) -> List[str]:
+    """Remove the partials of every other revision (one is staged per repository at a time)."""
+    removed = []
+    for other in partial_revisions(repo_dir):
+        if other != sha:
+            shutil.rmtree(partial_dir(repo_dir, other))
+            removed.append(other)
+    return removed
+
+
+def _audit_complete(final: str, manifest: Manifest, where: str,
+                    broken: Iterable[str]) -> Tuple[Manifest, List[str], Dict[str, Record]]:
+    """A complete revision's manifest after a cheap audit, its broken files (the audit's and
+    ``broken``) and the records the audit refreshed. A broken file is unverified until replaced
+    (commit then waits for it); the manifest is written when anything changed."""
+    sha = manifest.revision
+    recorded = read_manifest(final)
+    assert recorded is not None
+    if not recorded.same_files(manifest):
+        raise WeightsError(f"{where}: {final} holds other files than the hub lists for "
+                           f"{manifest.repo}@{sha}; move it away and converge again")
+    bad, refreshed = audit(final, recorded, "changed")
+    bad = sorted(set(bad) | set(broken))
+    recorded.verified.update(refreshed)
+    for path in bad:
+        recorded.verified.pop(path, None)
+    if refreshed or bad:
+        write_manifest(final, recorded)
+    return recorded, bad, refreshed
+
+
+def _staged(stage: str, manifest: Manifest) -> Tuple[Manifest, List[str]]:
+    """A new revision's manifest with what an interrupted run verified in ``stage`` and is still
+    fresh, and those files; a stage that is not ours, or for other files, is removed first."""
+    staged = read_manifest(stage) if os.path.isdir(stage) else None
+    if os.path.isdir(stage) and (staged is None or not staged.same_files(manifest)):
+        shutil.rmtree(stage)  # not ours, or for other files: start over
+        staged = None
+    recorded = Manifest(manifest.repo, manifest.revision, dict(manifest.files),
+                        dict(staged.verified) if staged else {})
+    have = [p for p, rec in recorded.verified.items() if _fresh(os.path.join(stage, p), rec)]
+    recorded.verified = {p: recorded.verified[p] for p in have}
+    return recorded, have
 
 
 def commit(repo_dir: str, manifest: Manifest) -> Dict[str, Any]:

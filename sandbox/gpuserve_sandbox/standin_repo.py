@@ -471,7 +471,8 @@ def _build(www: Path, gnupg: Path, cuda_url: str, rocm_url: str) -> None:
 
 def _inputs_stamp(*urls: str) -> str:
     h = hashlib.sha256()
-    for path in [Path(__file__), Path(stack.__file__), *sorted(STANDIN.iterdir())]:
+    stack_files = sorted(Path(stack.__file__).parent.glob("*.py"))  # gpuserve.stack is a package
+    for path in [Path(__file__), *stack_files, *sorted(STANDIN.iterdir())]:
         h.update(path.read_bytes())
     h.update(repr((NVIDIA_DRIVERS, ROCM_RELEASES, KERNELS, urls)).encode())
     return h.hexdigest()

@@ -126,7 +126,7 @@ def test_the_files_deploys_read_are_inside_the_package():
     from gpuserve import grafana, templating
     from gpuserve.layers import units, watchdog
 
-    pkg = Path(schema.__file__).resolve().parent
+    pkg = Path(schema.__file__).resolve().parents[1]
     dashboards = sorted(grafana.OUT_DIR.glob("*.json"))
     assert [p.stem for p in dashboards] == sorted(grafana.DASHBOARDS)
     for f in (units.GATE_SRC, watchdog.PROGRAM_SRC, *dashboards):

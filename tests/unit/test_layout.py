@@ -23,7 +23,7 @@ PREFIXES = ("/etc/", "/opt/", "/var/", "/run/", "/srv/")
 PENDING = {
     "rollout.py": {"/etc/nginx/gpuserve/", "/var/lib/gpuserve-rollout/lock"},
     "monitoring.py": {"/etc/prometheus", "/var/lib/prometheus/node-exporter"},
-    "engine.py": {"/run/lock", "/var/log/gpuserve"},
+    "engine/spec.py": {"/run/lock", "/var/log/gpuserve"},
     "proxy_conf.py": {"/etc/nginx/gpuserve", "/etc/nginx/conf.d/000-gpuserve-common.conf",
                       "/etc/nginx/conf.d/gpuserve-common.conf"},
     "gateway.py": {"/etc/nginx/conf.d/gpuserve-gateway.conf"},
@@ -33,7 +33,7 @@ PENDING = {
                              "/etc/default/prometheus", "/etc/default/prometheus-alertmanager"},
     # not gpuserve's paths: the system directories a path setting may not name, a setting's default
     "values.py": {"/var/lib/dpkg", "/var/lib/apt"},
-    "schema.py": {"/var/lib/prometheus/metrics2"},
+    "schema/keys.py": {"/var/lib/prometheus/metrics2"},
 }
 
 
