@@ -29,7 +29,7 @@ seeded / cold, and the cache's size. The host's unit is started again at the end
 
 ``--rollout`` measures gpuserve's own seeding (gpuserve.layers.cache_seed) on 2 hosts: both
 converged as deployed (eager), g++ and python3-dev added by hand, then a rolling upgrade to a
-release with compilation on (``serve_flags = {"enforce-eager": false}``): the first host
+release with compilation on (``serve_flags = {"enforce-eager": None}``: the recipe's flag removed): the first host
 compiles cold and publishes its caches, the second starts from the seed. Then the second host
 alone is put back cold (rollback to the eager release, its cache dir and the store emptied)
 and moved again, so the same host is timed cold and seeded. Each time is the rollout's own "ready
@@ -130,9 +130,16 @@ def _ready_after(output: str, host) -> float | None:
     return float(m[1]) if m else None
 
 
+def _compile_lines(f, host, since: str) -> list[str]:
+    """What the engine said about compiling since ``since`` (journal): cold compiles and cache hits."""
+    out = host_sh(f, host, f"journalctl -u {layout.unit_name(DEP)} --since '{since}' --no-pager -o cat | "
+                           "grep -iE 'compil|cache' | grep -viE 'prefix cach|kv cache|cache_config' | tail -n 6 || true")
+    return [line.strip()[:200] for line in out.splitlines() if line.strip()]
+
+
 def rollout_mode(args) -> None:
     args.hosts = 2
-    compile_on = ["--data", "serve_flags=" + json.dumps({"enforce-eager": False})]
+    compile_on = ["--data", "serve_flags=" + json.dumps({"enforce-eager": None})]   # the recipe flag removed: vLLM compiles
     with fleet(args) as f:
         first, second = f.hosts
         print("== deploys/serve.py on both hosts (the cpu recipe, eager as deployed)", flush=True)
@@ -142,10 +149,14 @@ def rollout_mode(args) -> None:
             host_sh(f, h, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q g++ python3-dev >/dev/null",
                     timeout=600)
         print("== deploys/upgrade.py to compilation on: the first host cold, the second seeded", flush=True)
+        since = host_sh(f, first, "date '+%Y-%m-%d %H:%M:%S'").strip()
         up = f.pyinfra("deploys/upgrade.py", *compile_on)
         for line in up.output.splitlines():
             if "engine caches" in line or " ready on " in line:
                 print("   " + line.strip(), flush=True)
+        for h in (first, second):
+            for line in _compile_lines(f, h, since):
+                print(f"      {h.name} | {line}", flush=True)
         cold_first, seeded_second = _ready_after(up.output, first), _ready_after(up.output, second)
         print(f"== the second host alone, cold: rollback to eager, its cache dir and the seed store emptied",
               flush=True)
@@ -155,10 +166,15 @@ def rollout_mode(args) -> None:
         host_sh(f, second, f"systemctl restart {layout.unit_name(DEP)}")   # an engine on an empty cache
         store = Path(f.cache) / ".engine-caches"
         shutil.rmtree(store, ignore_errors=True)
+        since = host_sh(f, second, "date '+%Y-%m-%d %H:%M:%S'").strip()
         again = f.pyinfra("deploys/upgrade.py", *compile_on, "--limit", second.name)
         for line in again.output.splitlines():
             if "engine caches" in line or " ready on " in line:
                 print("   " + line.strip(), flush=True)
+        for line in _compile_lines(f, second, since):
+            print(f"      {second.name} | {line}", flush=True)
+        print("   serve.yaml: " + host_sh(f, second, f"grep -c enforce-eager {layout.current_link(DEP)}/serve.yaml "
+                                            "|| true").strip() + " enforce-eager line(s)", flush=True)
         cold_second = _ready_after(again.output, second)
 
         def secs(v: float | None) -> str:
