@@ -227,6 +227,14 @@ def tls_conf(cert: str, key: str) -> str:
     return templating.render("nginx-tls.conf.j2", cert=cert, key=key, ciphers=TLS_CIPHERS)
 
 
+# nginx's idle upstream connections close after this, before the engine's own idle timeout: vLLM's
+# uvicorn closes a keep-alive connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (vllm/envs.py, 5 s
+# by default; vllm/entrypoints/launchers/api_server/entry.py passes it as timeout_keep_alive);
+# nginx's default is 60 s, so it could send a request on a connection the engine was closing
+UPSTREAM_IDLE_S = 4
+ENGINE_IDLE_TIMEOUT_S = 5
+
+
 def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence[str],
                 engine_host: str, engine_port: int, drain_flag: str, read_timeout_s: int,
                 operator_networks: Sequence[str], limits: ProxyLimits,
@@ -253,7 +261,7 @@ def server_conf(*, deployment: str, bind: str, port: int, server_names: Sequence
         drain_flag=drain_flag, read_timeout_s=read_timeout_s, operator_networks=operator_networks,
         limits=limits, gateways=gateways, admin_routes=admin_routes, tenants_http=tenants_http,
         tenants_server=tenants_server, tenant_conns=tenant_conns, client_routes=CLIENT_ROUTES,
-        monitor_routes=MONITOR_ROUTES, usage_log=USAGE_LOG,
+        monitor_routes=MONITOR_ROUTES, usage_log=USAGE_LOG, upstream_idle_s=UPSTREAM_IDLE_S,
         upstream_auth=f"{NGINX_DIR}/{deployment}.upstream-auth")
 
 

@@ -16,6 +16,8 @@ import pytest
 
 import crossplane
 
+from gpuserve import proxy_conf
+
 from .test_rendered_files import _sites
 
 ARRAY_DIRECTIVES = ("limit_conn", "limit_req", "add_header", "proxy_set_header")
@@ -74,3 +76,20 @@ def test_every_site_case_is_checked():
     names = set(SITES)
     assert {"sites/gpuserve-minimax.conf", "sites/gpuserve-minimax-tenants.conf",
             "sites/gpuserve-minimax-gateways.conf", "sites/gpuserve-gateway.conf"} <= names
+
+
+@pytest.mark.parametrize("name", sorted(SITES))
+def test_every_upstream_closes_idle_connections_before_the_engine_does(name, tmp_path):
+    """nginx keeps idle upstream connections 60 s by default; the engine's uvicorn closes them
+    after 5 s (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE). A request nginx sends on a connection the
+    engine is closing fails, and a POST is not retried: the client gets 502."""
+    upstreams = [d for d in _parse(SITES[name], tmp_path) if d["directive"] == "upstream"]
+    if "exporters" not in name:   # the exporters' front proxies without an upstream block
+        assert upstreams, name
+    for u in upstreams:
+        own = {d["directive"]: d["args"] for d in u["block"]}
+        if "keepalive" not in own:
+            continue
+        assert "keepalive_timeout" in own, f"{name}: upstream {u['args']} keeps idle connections 60 s"
+        seconds = int(own["keepalive_timeout"][0].rstrip("s"))
+        assert seconds < proxy_conf.ENGINE_IDLE_TIMEOUT_S, (name, seconds)
