@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 
-import gevent
 from pyinfra import host, logger
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FindInFile
@@ -29,7 +28,8 @@ from pyinfra.operations import python
 from gpuserve import engine_cache, layout
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
-from gpuserve.layers.remote import MoveFailed, escalation, run
+from gpuserve.layers import remote
+from gpuserve.layers.remote import MoveFailed, run
 
 UPLOAD = layout.CACHE_SEED_UPLOAD
 
@@ -38,17 +38,9 @@ def _key(s: HostSettings, release: str) -> str:
     return engine_cache.seed_key(release, s.hardware.gpu_model, s.hardware.gpu_count)
 
 
-def _transfer(h, how: str, *args, size: int) -> None:
-    timeout = engine_cache.transfer_timeout_s(size)
-    try:
-        with gevent.Timeout(timeout):
-            ok = getattr(h, how)(*args, **escalation(h))
-    except (gevent.Timeout, TimeoutError):
-        raise MoveFailed(f"{h.name}: moving an engine-cache seed got no answer in {timeout:.0f} s") from None
-    except Exception as exc:  # the connection itself failed
-        raise MoveFailed(f"{h.name}: moving an engine-cache seed failed ({type(exc).__name__}: {exc})") from None
-    if not ok:
-        raise MoveFailed(f"{h.name}: moving an engine-cache seed failed (pyinfra's log above says why)")
+def _transfer(h, method: str, *args, size: int) -> None:
+    remote.transfer(h, method, *args, what="moving an engine-cache seed",
+                    timeout=engine_cache.transfer_timeout_s(size))
 
 
 def seed(h, s: HostSettings, deployment: str, release: str) -> None:

@@ -60,18 +60,25 @@ def put_text(h, path: str, text: str, timeout: float = COMMAND_TIMEOUT_S) -> Non
     (a command line ends at 128 KiB: the gateway's CA file of about 70 hosts' certificates, base64).
     Raises MoveFailed, naming the host and the file."""
     tmp = f"{path}.gpuserve-tmp"
+    transfer(h, "put_file", StringIO(text), tmp, what=f"uploading {path}", timeout=timeout)
+    run(h, f"chmod 644 {tmp} && mv -f {tmp} {path}", timeout)
+
+
+def transfer(h, method: str, *args, what: str, timeout: float) -> None:
+    """``h.put_file`` or ``h.get_file`` (``method``) with ``args``, as the host's operations
+    would (its sudo settings), bounded in time as a whole. Raises MoveFailed naming the host and
+    ``what`` ("uploading /etc/x") when it times out, the connection fails or pyinfra says no."""
     try:
         with gevent.Timeout(timeout):
-            ok = h.put_file(StringIO(text), tmp, **escalation(h))
+            ok = getattr(h, method)(*args, **escalation(h))
     except (gevent.Timeout, TimeoutError):
-        raise MoveFailed(f"{h.name}: uploading {path} got no answer in {timeout:.0f} s; is the host "
+        raise MoveFailed(f"{h.name}: {what} got no answer in {timeout:.0f} s; is the host "
                          "reachable?") from None
     except Exception as exc:   # the connection itself failed
-        raise MoveFailed(f"{h.name}: uploading {path} failed on the connection "
+        raise MoveFailed(f"{h.name}: {what} failed on the connection "
                          f"({type(exc).__name__}: {exc}); is the host reachable?") from None
     if not ok:
-        raise MoveFailed(f"{h.name}: uploading {path} failed (pyinfra's log above says why)")
-    run(h, f"chmod 644 {tmp} && mv -f {tmp} {path}", timeout)
+        raise MoveFailed(f"{h.name}: {what} failed (pyinfra's log above says why)")
 
 
 def fact(h, cls, timeout: float = COMMAND_TIMEOUT_S, **kwargs):
