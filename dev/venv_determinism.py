@@ -7,7 +7,9 @@
 Each run empties uv's cache, makes a fresh venv at the same path (uv venv --relocatable --seed,
 the interpreter given by --python), and runs the engine layer's own install command
 (``gpuserve.engine.install_command``, with the pin's ``gpuserve.engine.CONSTRAINTS`` and the
---override lines), removes ``gpuserve.engine.STRAY_FILES`` as the build does, then hashes every
+--override lines), removes ``gpuserve.engine.STRAY_FILES`` and compiles the bytecode as the build
+does (``gpuserve.engine.bytecode``; ``--uv-bytecode``: uv's --compile-bytecode, as gpuserve did
+before engine id format 3), then hashes every
 file of the venv. It prints, per run: seconds, bytes uv downloaded into its empty cache, files,
 the digest of all files without bytecode (``__pycache__``), the digest with it, and the files
 that two distributions own (``gpuserve.venv_files``; the build fails on any). ``--no-constraints``
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuserve import engine as eng  # noqa: E402
 from gpuserve import venv_files  # noqa: E402
+from gpuserve.engine import bytecode  # noqa: E402
 
 
 def tree_digest(root: Path, listing: Path | None = None) -> tuple[int, str, str]:
@@ -72,6 +75,8 @@ def main() -> int:
     ap.add_argument("--no-constraints", action="store_true", help="as before issue 25")
     ap.add_argument("--timestamp-bytecode", action="store_true",
                     help="without SOURCE_DATE_EPOCH, as before issue 25 (mtime-stamped .pyc)")
+    ap.add_argument("--uv-bytecode", action="store_true",
+                    help="uv's --compile-bytecode, as before engine id format 3 (pool-compiled .pyc)")
     ap.add_argument("--python", default="3.12", help="the venv's Python (the hosts': 3.12)")
     ap.add_argument("--uv", required=True, help="the uv binary (gpuserve's pinned uv_version)")
     ap.add_argument("--work", default="/var/tmp/gpuserve-determinism")
@@ -90,7 +95,9 @@ def main() -> int:
         env["SOURCE_DATE_EPOCH"] = eng.uv_environment(spec)["SOURCE_DATE_EPOCH"]
     print(f"# {args.requirement} constraints={list(spec.constraints)} overrides={args.override} "
           f"python={args.python} uv={args.uv} "
-          f"SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH')}", flush=True)
+          f"SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH')} "
+          f"bytecode={'uv --compile-bytecode' if args.uv_bytecode else 'gpuserve.engine.bytecode'}",
+          flush=True)
     results = []
     for run in range(1, args.runs + 1):
         shutil.rmtree(cache, ignore_errors=True)
@@ -100,19 +107,29 @@ def main() -> int:
         if spec.constraints:
             Path(eng.constraints_path(str(venv))).write_text("\n".join(spec.constraints) + "\n")
         cmd = eng.install_command(spec, args.uv, str(venv))
+        if args.uv_bytecode:
+            cmd.insert(cmd.index("install") + 1, "--compile-bytecode")
         if args.override:
             ov = work / "overrides.txt"
             ov.write_text("\n".join(args.override) + "\n")
             cmd[-1:-1] = ["--overrides", str(ov)]
         started = time.monotonic()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        seconds = time.monotonic() - started
         if done.returncode != 0:
             print(done.stderr[-3000:])
             return 1
         site = next((venv / "lib").glob("python3*/site-packages"))
         for stray in eng.STRAY_FILES:
             (site / stray).unlink(missing_ok=True)
+        if not args.uv_bytecode:  # the build's own step, after the install (build_script)
+            python = site.parent.name.removeprefix("python")
+            done = subprocess.run(bytecode.compile_command(str(venv), python), env=env,
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                print(done.stderr[-3000:])
+                return 1
+            print("  " + done.stdout.strip(), flush=True)
+        seconds = time.monotonic() - started
         shared = venv_files.report(str(site))
         count, digest, digest_pyc = tree_digest(venv, work / f"run-{run}.files")
         row = {"run": run, "seconds": round(seconds, 1), "downloaded_bytes": du(cache),

@@ -81,6 +81,7 @@ schema/: every setting's type, default, what is allowed and its doc line (__init
 engine/: the engine's venv: its id, the uv commands that build it, how the unit starts it
     spec            the engine spec (its id, paths, per-package defaults), spec_for, the unit's argv
     uv              uv's binary from its wheel, its environment, the venv and install commands
+    bytecode        the venv's .pyc files compiled in fixed chunks: the same bytes every build
     verify          what the new venv runs: no file owned twice, the pin imports, native modules load
     build           the whole build of one venv as one shell script: locked, verified, renamed
 stack/: the GPU stack as data: packages, versions, repositories, the checks of a host

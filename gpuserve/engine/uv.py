@@ -36,13 +36,10 @@ def uv_install_script(uv_version: str, wheel_path: str, wheel_sha256: str) -> st
 
 def uv_environment(spec: EngineSpec) -> dict[str, str]:
     """uv's environment for a build: no user config, its cache beside the venvs, managed
-    Pythons (when allowed) in a directory the service user can read, and reproducible
-    bytecode: with SOURCE_DATE_EPOCH set, Python's py_compile (which uv's --compile-bytecode
-    runs) writes checked-hash .pyc files (the source's hash, not its mtime, which uv sets to
-    the install time). That makes the .pyc of small pins identical install after install; the
-    vLLM 0.33.0 venv still differs in some bytecode between cold installs (every other file is
-    identical; dev/venv_determinism.py names them, bench/RESULTS.md). The venv is immutable,
-    so a checked-hash pyc is never stale; Python hashes the source when it imports it."""
+    Pythons (when allowed) in a directory the service user can read. SOURCE_DATE_EPOCH makes
+    any bytecode written during the build (pip's, in ``vllm download-kernels``) checked-hash
+    rather than mtime-stamped; the build then compiles every source itself
+    (``gpuserve.engine.bytecode``: uv's --compile-bytecode is not reproducible)."""
     return {
         "SOURCE_DATE_EPOCH": "0",
         "UV_NO_CONFIG": "1",
@@ -78,15 +75,15 @@ def overrides_path(path: str) -> str:
 def install_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None = None,
                     excludes_file: str | None = None,
                     constraints_file: str | None = None) -> list[str]:
-    """``uv pip install <package>==<pin> --torch-backend=<explicit>``, bytecode compiled (the
+    """``uv pip install <package>==<pin> --torch-backend=<explicit>``, without bytecode: the
+    build compiles it afterwards, the same bytes every time (``gpuserve.engine.bytecode``; the
     service user cannot write the venv, so it could never cache bytecode itself). Without
     ``--torch-backend`` when torch comes from PyPI or ``spec.index`` (``torch_backend_arg``):
     uv would fetch it from the PyTorch index instead. ``spec.index`` is an extra index (uv
     takes a package from the first index that has it: the extra one before PyPI)."""
     if spec.torch_backend == "auto":
         raise ValueError("torch_backend 'auto' is refused: pin the backend explicitly")
-    cmd = [uv, "pip", "install", "--python", posixpath.join(path, "bin", "python"),
-           "--compile-bytecode"]
+    cmd = [uv, "pip", "install", "--python", posixpath.join(path, "bin", "python")]
     if spec.torch_backend_arg:
         cmd.append(f"--torch-backend={spec.torch_backend}")
     if spec.index and not wheelhouse:

