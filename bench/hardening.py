@@ -11,7 +11,10 @@ With ``--flood KEYS`` (a file of two client keys the host was converged with, --
 api_keys_file=KEYS) it measures only issue 26's case instead: the second key's chat latency while
 the first sends 8 concurrent chats of 120,000 one-character messages (about 4 MB each) in a loop,
 and what those get. Converge again with --data proxy_max_messages=1000000 for the case without
-the message limit.
+the message limit. ``--shape large`` floods with chats inside every limit instead: 2,000
+messages of varied words, just under the 4096 KiB body limit, which the engine templates and
+tokenizes (and refuses, past the tiny model's context); converge again with --data
+proxy_large_prompts_per_key=8 (the fair share: no large-prompt limit) for the case without it.
 
 Every loop is bounded (counts and seconds). Prints one table.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import random
 import re
 import ssl
 import statistics
@@ -42,6 +46,8 @@ def main() -> None:
     ap.add_argument("--host", default="sandbox-1")
     ap.add_argument("--chats", type=int, default=5)
     ap.add_argument("--flood", type=Path, help="a file of two client keys: measure issue 26's case only")
+    ap.add_argument("--shape", choices=("many", "large"), default="many",
+                    help="the flood's chats: 120,000 one-character messages, or large ones inside every limit")
     args = ap.parse_args()
     box = Sandbox()
     host = next(h for h in box.hosts() if h.name == args.host)
@@ -80,7 +86,7 @@ def main() -> None:
         return out or [float("nan")]
 
     if args.flood:
-        return _flood(request, chats, flood_key, key, args.chats)
+        return _flood(request, chats, flood_key, args.shape)
     # the largest body /tokenize takes (JSON overhead aside): words, so it tokenizes to many tokens
     allowed = ProxyLimits().body_kib * 1024 - 200
     largest = {"model": "tiny-chat", "prompt": ("ab " * (allowed // 3))[:allowed]}
@@ -109,10 +115,27 @@ def main() -> None:
         print(f"{name.ljust(width)}  {value}")
 
 
-def _flood(request, chats, flood_key: str, other_key: str, n: int) -> None:
-    """Issue 26: one key sends 8 concurrent 120,000-message chats (in a loop, bounded); the other
-    key's chats, idle and meanwhile."""
-    flood = {"model": "tiny-chat", "max_tokens": 4, "messages": [{"role": "user", "content": "a"}] * 120_000}
+def flood_body(shape: str) -> tuple[dict, str]:
+    """The flood's chat and what it is: 120,000 one-character messages (the audit's), or a large
+    one inside every default limit: 2,000 messages (of 2,048) of varied words, under 4096 KiB."""
+    if shape == "many":
+        return {"model": "tiny-chat", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "a"}] * 120_000}, "120,000 messages"
+    rng = random.Random(26)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+             for _ in range(5000)]
+    limit = ProxyLimits().prompt_body_kib * 1024 - 4096
+    content = " ".join(rng.choice(words) for _ in range(330))
+    per = len(json.dumps({"role": "user", "content": content})) + 2
+    n = min(2000, limit // per)
+    return {"model": "tiny-chat", "max_tokens": 4,
+            "messages": [{"role": "user", "content": content}] * n}, f"{n} messages of {len(content)} characters"
+
+
+def _flood(request, chats, flood_key: str, shape: str) -> None:
+    """Issue 26: one key sends 8 concurrent flood chats (in a loop, bounded); the other key's
+    chats, idle and meanwhile."""
+    flood, what = flood_body(shape)
     idle = chats()
     busy, got = _while_looping(chats, lambda: request("/v1/chat/completions", flood, key=flood_key),
                                threads=8, most=400)
@@ -120,7 +143,7 @@ def _flood(request, chats, flood_key: str, other_key: str, n: int) -> None:
     codes = {c: sum(1 for s, _ in got if s == c) for c in sorted({s for s, _ in got})}
     print(f"other key's chat, idle (n={len(idle)}): p50 {med(idle):.2f} s, max {max(idle):.2f} s")
     print(f"other key's chat, during the flood (n={len(busy)}): p50 {med(busy):.2f} s, max {max(busy):.2f} s")
-    print(f"flood: {len(got)} chats of 120,000 messages ({len(json.dumps(flood)) // 1024} KiB), answers {codes}, "
+    print(f"flood: {len(got)} chats of {what} ({len(json.dumps(flood)) // 1024} KiB), answers {codes}, "
           f"median {med([t for _, t in got]):.2f} s")
 
 

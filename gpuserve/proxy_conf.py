@@ -72,6 +72,8 @@ class ProxyLimits:
     client_timeout_s: int = 10      # header read (whole), body read (between reads), send, idle
     prompt_conn_per_key: int = 8    # prompt requests in flight per client key (its fair share)
     max_messages: int = 2048        # messages (input items, prompts) per prompt request
+    large_prompt_kib: int = 256     # a prompt body over this (or chunked) is a large one
+    large_prompts_per_key: int = 1  # large prompt requests in flight per client key
 
 
 def check_key(key: str) -> None:
@@ -121,6 +123,10 @@ def host_port(host: str, port: int) -> str:
 # passed unparsed; only a larger one is parsed (JSON.parse: about 80 ms for 4 MB, bounded by the
 # body limit); past the limit: 413. Then the request goes on,
 # body and all, to the location that proxies it (an internal redirect).
+# The engine's CPU time for templating and tokenizing grows with the body too: a prompt request
+# larger than proxy_large_prompt_kib is a large one, and a client key has at most
+# proxy_large_prompts_per_key of those in flight (``large``, a js_set variable that limit_conn
+# counts by key id); past it: 429.
 LIMITS_JS = f"{NGINX_DIR}/limits.js"
 NJS_PACKAGE = "libnginx-mod-http-js"
 LIMITS_JS_TEXT = """\
@@ -167,7 +173,22 @@ function prompt(r) {
     r.internalRedirect(r.variables.gpuserve_prompt_location);
 }
 
-export default {prompt};
+// $gpuserve_large_prompt (js_set; read by limit_conn in the preaccess phase, before the body):
+// a client key's id when its prompt request is a large one, else empty (not counted)
+function large(r) {
+    var id = r.variables.gpuserve_key_id || '';
+    var kib = Number(r.variables.gpuserve_large_kib);
+    if (id.charAt(0) !== 'c' || !kib) {
+        return '';   // operator keys are exempt, as from every per-key limit; not a prompt route
+    }
+    var length = r.headersIn['Content-Length'];
+    if (length === undefined) {
+        return id;   // a chunked body: its size is known only once read
+    }
+    return Number(length) > kib * 1024 ? id : '';
+}
+
+export default {prompt, large};
 """
 
 

@@ -19,7 +19,8 @@ from gpuserve.values import finite_problem, host_path_problem, is_host, pem_prob
 PROXY_LIMITS = {key: (schema.allowed(key).lo, schema.allowed(key).hi)  # key -> (minimum, maximum)
                 for key in ("proxy_prompt_body_kib", "proxy_body_kib", "proxy_rate_per_key",
                             "proxy_burst_per_key", "proxy_conn_per_key", "proxy_conn_per_address",
-                            "proxy_client_timeout_s", "proxy_prompt_conn_per_key", "proxy_max_messages")}
+                            "proxy_client_timeout_s", "proxy_prompt_conn_per_key", "proxy_max_messages",
+                            "proxy_large_prompt_kib", "proxy_large_prompts_per_key")}
 
 
 def _host_level(c: _Checker) -> dict[str, Any]:
@@ -95,6 +96,7 @@ def _proxy_access(c: _Checker) -> dict[str, Any]:
     """The proxy's limits, operator networks and server names; invalid ones are problems."""
     limits = {key.removeprefix("proxy_"): c.integer(key, lo, maximum=hi)
               for key, (lo, hi) in PROXY_LIMITS.items()}
+    _large_prompt_limits(c, limits)
     nets = c.get("proxy_operator_networks")
     if not (isinstance(nets, (list, tuple)) and all(isinstance(n, str) for n in nets)):
         c.problem("proxy_operator_networks", f"{nets!r} is not allowed; use a list of addresses or "
@@ -114,6 +116,18 @@ def _proxy_access(c: _Checker) -> dict[str, Any]:
             c.problem("proxy_server_names", f"{name!r} is not a host name or address")
     return dict(proxy_limits=MappingProxyType(limits), proxy_operator_networks=tuple(nets),
                 proxy_server_names=tuple(names))
+
+
+def _large_prompt_limits(c: _Checker, limits: dict) -> None:
+    """The large-prompt limit only makes sense inside the limits it narrows."""
+    large, body = limits.get("large_prompt_kib"), limits.get("prompt_body_kib")
+    if isinstance(large, int) and isinstance(body, int) and large >= body:
+        c.problem("proxy_large_prompt_kib", f"{large} is not below proxy_prompt_body_kib ({body}): no "
+                  f"prompt could be a large one; use a number from 1 to {body - 1} (KiB)")
+    per_key, share = limits.get("large_prompts_per_key"), limits.get("prompt_conn_per_key")
+    if isinstance(per_key, int) and isinstance(share, int) and per_key > share:
+        c.problem("proxy_large_prompts_per_key", f"{per_key} is above proxy_prompt_conn_per_key ({share}), "
+                  f"which already limits every prompt request of a key; use a number from 1 to {share}")
 
 
 def _removal_keys(c: _Checker) -> dict[str, Any]:

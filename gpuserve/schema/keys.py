@@ -239,6 +239,13 @@ KEYS: tuple[Key, ...] = (
     Key("proxy_max_messages", 2048, "int", Int(1, 1000000), "messages (or `input` items, or prompts "
         "in a list) per prompt request, counted by nginx before the engine sees it: templating and "
         "tokenizing a request's messages stalls every client of the engine; past it: 413", _OTHER, H),
+    Key("proxy_large_prompt_kib", 256, "int", Int(1, 1024 * 1024 - 1), "a prompt request whose body "
+        "is larger than this (KiB; a chunked body, whose size is not known, counts as large) is a "
+        "large one: templating and tokenizing it costs the engine CPU time that every client "
+        "waits on; below `proxy_prompt_body_kib`", _OTHER, H),
+    Key("proxy_large_prompts_per_key", 1, "int", Int(1, 100000), "large prompt requests in flight "
+        "per client key: the engine's templating and tokenizing time one key holds at a time; "
+        "past it: 429 (operator keys are exempt); at most `proxy_prompt_conn_per_key`", _OTHER, H),
     Key("proxy_conn_per_address", 64, "int", Int(1, 100000), "requests in flight per client address",
         _OTHER, H),
     Key("proxy_client_timeout_s", 10, "int", Int(1, 300), "header read (whole), body read (between two "

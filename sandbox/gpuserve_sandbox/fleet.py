@@ -121,18 +121,13 @@ def rx_bytes(sandbox: Sandbox, host: SandboxHost) -> int:
     return int(sandbox.ssh(host, r"sed -n 's/^ *eth0: *\([0-9]*\).*/\1/p' /proc/net/dev").stdout)
 
 
-def held_prompt(ip: str, ctx: ssl.SSLContext, key: str) -> ssl.SSLSocket:
-    """A chat request left in flight at the proxy until the caller closes the socket: its
-    headers (with ``Expect: 100-continue``) and the first byte of a 1000-byte body, never the
-    rest. nginx answers "100 Continue" when it starts to read the body, in the content phase,
-    so past the preaccess phase where limit_conn counted the request in the key's limits: it
-    holds one of the key's slots from then on, whatever the engine's speed (a streamed answer
-    frees its slot as soon as the engine ends it and nginx has written it into the socket's
-    buffers). Raises if the proxy answers anything else."""
+def prompt_head(ip: str, ctx: ssl.SSLContext, key: str, length: int = 1000) -> tuple[ssl.SSLSocket, bytes]:
+    """A chat request's headers (``Content-Length: length``, ``Expect: 100-continue``) and the
+    proxy's first answer to them: "100 Continue" once it reads the body, or its refusal."""
     sock = ctx.wrap_socket(socket.create_connection((ip, PROXY_PORT), 10))
     sock.settimeout(30)
     sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {ip}\r\nAuthorization: Bearer {key}\r\n"
-                  "Content-Type: application/json\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
                   ).encode())
     head = b""
     while b"\r\n\r\n" not in head and len(head) < 65536:
@@ -140,6 +135,18 @@ def held_prompt(ip: str, ctx: ssl.SSLContext, key: str) -> ssl.SSLSocket:
         if not chunk:
             break
         head += chunk
+    return sock, head
+
+
+def held_prompt(ip: str, ctx: ssl.SSLContext, key: str, length: int = 1000) -> ssl.SSLSocket:
+    """A chat request left in flight at the proxy until the caller closes the socket: its
+    headers (with ``Expect: 100-continue``) and the first byte of a ``length``-byte body, never
+    the rest. nginx answers "100 Continue" when it starts to read the body, in the content phase,
+    so past the preaccess phase where limit_conn counted the request in the key's limits: it
+    holds one of the key's slots from then on, whatever the engine's speed (a streamed answer
+    frees its slot as soon as the engine ends it and nginx has written it into the socket's
+    buffers). Raises if the proxy answers anything else."""
+    sock, head = prompt_head(ip, ctx, key, length)
     if not head.startswith(b"HTTP/1.1 100"):
         sock.close()
         raise AssertionError(f"the proxy did not start to read the held request's body: {head[:300]!r}")

@@ -297,6 +297,36 @@ def test_many_messages_never_reach_the_engine_and_a_key_holds_only_its_share(fle
     assert again == 200
 
 
+def test_a_key_holds_at_most_one_large_prompt_and_its_small_ones_still_pass(fleet, converged, sandbox):
+    """Issue 26 (3), the engine's CPU time: templating and tokenizing a prompt costs the engine
+    time every client waits on, and it grows with the body, inside every other limit. A prompt
+    request over proxy_large_prompt_kib (256 KiB by default) is a large one, and a client key
+    holds one at a time (proxy_large_prompts_per_key): nginx counts it by its Content-Length,
+    before it reads the body. Small prompts of the same key and an operator's large one pass."""
+    h, key, ctx = fleet["host"], fleet["key"], _ctx(sandbox, fleet)
+    time.sleep(3)   # the key's rate bucket drains
+    large = 300 * 1024
+    held = fleet_view.held_prompt(h.ip, ctx, key, length=large)
+    try:
+        second, head = fleet_view.prompt_head(h.ip, ctx, key, length=large)
+        second.close()
+        small = _chat(sandbox, fleet, key)
+        by_operator = fleet_view.held_prompt(h.ip, ctx, OPERATOR_KEY, length=large)   # exempt
+        by_operator.close()
+    finally:
+        held.close()
+    assert head.startswith(b"HTTP/1.1 429"), head[:200]
+    assert small == 200
+    again = b""
+    for _ in range(20):   # until nginx has seen the close (bounded)
+        sock, again = fleet_view.prompt_head(h.ip, ctx, key, length=large)
+        sock.close()
+        if again.startswith(b"HTTP/1.1 100"):
+            break
+        time.sleep(0.5)
+    assert again.startswith(b"HTTP/1.1 100"), again[:200]
+
+
 def test_key_rotation_shows_no_secret_in_any_pyinfra_output(fleet, converged, sandbox):
     """Finding 4, and secret files never readable by others."""
     path = api_keys_path(sandbox.state_dir)

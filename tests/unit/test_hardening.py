@@ -121,9 +121,43 @@ def test_prompt_routes_count_messages_and_hold_a_fair_share_per_key():
     assert f"js_import gpuserve_limits from {proxy_conf.LIMITS_JS};" in proxy_conf.common_conf()
     js = proxy_conf.LIMITS_JS_TEXT
     assert "r.internalRedirect(r.variables.gpuserve_prompt_location)" in js
-    assert "r.return(413" in js and "export default {prompt};" in js
+    assert "r.return(413" in js and "export default {prompt, large};" in js
     for name in ("messages", "input", "prompt"):
         assert f"'{name}'" in js
+
+
+def test_a_client_key_holds_at_most_its_large_prompts_in_flight():
+    """Issue 26 (3), the engine's CPU time: templating and tokenizing a prompt costs the engine
+    time that every client waits on, and it grows with the body. A prompt request over
+    large_prompt_kib (by its Content-Length, or chunked) counts in a per-key zone of its own,
+    before the body is read; operator keys are exempt (limits.js ``large``)."""
+    conf = _conf(limits=ProxyLimits(large_prompt_kib=100, large_prompts_per_key=2))
+    locations = _locations(conf)
+    assert "limit_conn_zone $gpuserve_large_prompt zone=gpuserve_minimax_lconn:1m;" in conf
+    for loc in (loc for loc, body in proxy_conf.CLIENT_ROUTES if body == "prompt"):
+        assert "set $gpuserve_large_kib 100;" in locations[loc]
+        assert "limit_conn gpuserve_minimax_lconn 2;" in locations[loc]
+    for loc in (loc for loc, body in proxy_conf.CLIENT_ROUTES if body != "prompt"):
+        assert "lconn" not in locations[loc] and "gpuserve_large_kib" not in locations[loc]
+    assert "js_set $gpuserve_large_prompt gpuserve_limits.large;" in proxy_conf.common_conf()
+    js = proxy_conf.LIMITS_JS_TEXT
+    large = js[js.index("function large(r)"):js.index("export default")]
+    # the key's id (client keys only), the route's threshold, the header: no body needed
+    for needle in ("r.variables.gpuserve_key_id", "id.charAt(0) !== 'c'", "r.variables.gpuserve_large_kib",
+                   "r.headersIn['Content-Length']", "kib * 1024"):
+        assert needle in large, needle
+
+
+def test_the_large_prompt_limit_must_narrow_the_limits_it_lies_in():
+    """A large-prompt limit that could never apply is refused, naming the host, the key, the
+    limit it must stay inside and what is allowed."""
+    for data, start, allowed in (
+            ({"proxy_large_prompt_kib": 4096}, "h1: proxy_large_prompt_kib (from group 'fleet'): 4096 "
+             "is not below proxy_prompt_body_kib (4096)", "use a number from 1 to 4095 (KiB)"),
+            ({"proxy_large_prompts_per_key": 9}, "h1: proxy_large_prompts_per_key (from group 'fleet'): 9 "
+             "is above proxy_prompt_conn_per_key (8)", "use a number from 1 to 8")):
+        msg = one_problem(make_inventory(group="cpu", fleet={"model_revision": SHA, **data}))
+        assert msg.startswith(start) and allowed in msg, msg
 
 
 def test_body_limits_per_route_and_limits_per_key_never_the_key_itself():

@@ -112,10 +112,16 @@ def _problem_keys(inventory) -> set[str]:
     return set()
 
 
+# keys whose range also depends on another key's value: that one at its maximum, so that the
+# schema's own bounds are what is checked (tests/unit/test_hardening.py checks the dependence)
+BOUNDED_BY = {"proxy_large_prompt_kib": {"proxy_prompt_body_kib": 1024 * 1024},
+              "proxy_large_prompts_per_key": {"proxy_prompt_conn_per_key": 100000}}
+
+
 def _inventory(key: schema.Key, value):
     if key.scope == "gateway":
         return make_inventory(group="gateway", group_data={key.name: value})
-    return make_inventory({key.name: value})
+    return make_inventory({key.name: value, **BOUNDED_BY.get(key.name, {})})
 
 
 RANGED = [k for k in schema.KEYS if isinstance(k.allowed, (schema.Int, schema.Number))
