@@ -40,7 +40,9 @@ reboot_timeout = 120
 # The engine venv: hosts have no route to an index and no Python downloads. The control node
 # builds the wheelhouse once (gpuserve wheelhouse build inventories/sandbox.py --torch-index none;
 # torch 2.13.0+cpu comes from pip's find-links here) and pushes it; python 3.11 is Debian's.
-wheelhouse = "/var/tmp/gpuserve-sandbox/wheelhouse"
+# Under the sandbox's root (GPUSERVE_SANDBOX_ROOT, default /var/tmp/gpuserve-sandbox), with the
+# rest of its state: a run with another root starts from nothing, wheels included.
+wheelhouse = str(Sandbox().root / "wheelhouse")
 python_downloads = "never"
 
 # Serving: the whole production shape, scaled to a tiny model on 2 cores. Clients go through the

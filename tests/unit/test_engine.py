@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 
 import pytest
@@ -247,7 +248,10 @@ def test_sandbox_group_data_builds_offline_with_debians_python():
     data: dict = {}
     exec((REPO / "group_data/sandbox.py").read_text(), data)
     assert data["python_downloads"] == "never" and data["python_version"] == "3.11"
-    assert data["wheelhouse"] == "/var/tmp/gpuserve-sandbox/wheelhouse"
+    from gpuserve_sandbox.hosts import DEFAULT_ROOT
+
+    root = os.environ.get("GPUSERVE_SANDBOX_ROOT", DEFAULT_ROOT)   # the sandbox's state, wheels included
+    assert data["wheelhouse"] == f"{root}/wheelhouse"
 
 
 def test_runtime_debs_the_wheels_do_not_carry():
