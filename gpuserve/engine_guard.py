@@ -34,7 +34,7 @@ TABLE = "gpuserve"
 RULES_PATH = layout.ENGINE_GUARD_RULES
 UNIT = "gpuserve-engine-guard.service"
 UNIT_PATH = layout.systemd_unit_path(UNIT)
-NFT = "/usr/sbin/nft"
+NFT = layout.NFT_BIN
 # Debian's nginx starts its workers as www-data (/etc/nginx/nginx.conf `user www-data;`): they are
 # what opens the engine's port for clients
 PROXY_USER = "www-data"

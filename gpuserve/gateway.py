@@ -40,7 +40,7 @@ WORKERS_FILE = f"{ETC}/workers.json"
 WORKERS_CA = f"{ETC}/workers-ca.pem"
 ENVS = f"{layout.OPT_DIR}/gateway"
 NGINX_NAME = "gateway"   # gpuserve/gateway.keys, ... beside the deployments' (proxy_conf)
-NGINX_CONF = "/etc/nginx/conf.d/gpuserve-gateway.conf"   # proxy_conf.OWN_NAMES has "gateway"
+NGINX_CONF = layout.GATEWAY_NGINX_CONF   # proxy_conf.OWN_NAMES has "gateway"
 MANIFEST_VERSION = 1     # smg 1.13.0 service_discovery/file.rs: {"version": 1, "workers": [...]}
 
 HEADER_NAME = r"[A-Za-z0-9-]{1,64}"

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from gpuserve import meter, schema
+from gpuserve import layout, meter, schema
 
 MONITOR_GROUP = "monitor"
 PROMETHEUS_PORT = 9090       # on the monitor host, loopback only
@@ -32,13 +32,13 @@ NODE_EXPORTER_PORT = 9100    # on every host, loopback only
 NODE_EXPORTER_TLS_PORT = 9101  # nginx in front of it: operator/monitor networks only
 GATEWAY_METRICS_PATH = "/smg/metrics"   # smg's /metrics on a gateway host's exporters' front
 
-PROMETHEUS_DIR = "/etc/prometheus"
+PROMETHEUS_DIR = layout.PROMETHEUS_DIR
 PROMETHEUS_YML = f"{PROMETHEUS_DIR}/prometheus.yml"
 RULES_YML = f"{PROMETHEUS_DIR}/gpuserve-rules.yml"
 ALERTMANAGER_YML = f"{PROMETHEUS_DIR}/alertmanager.yml"
 SCRAPE_SECRETS_DIR = f"{PROMETHEUS_DIR}/gpuserve-keys"   # operator keys prometheus scrapes with
 SCRAPE_CA_DIR = f"{PROMETHEUS_DIR}/gpuserve-ca"          # certificates of hosts' fronts
-TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"       # Debian's node-exporter textfile dir
+TEXTFILE_DIR = layout.NODE_EXPORTER_TEXTFILE_DIR
 
 ENGINE_JOB, NODE_JOB, DCGM_JOB, GATEWAY_JOB = "gpuserve-engine", "node", "dcgm", "smg"
 METER_JOB = "gpuserve-meter"   # tokens per key (gpuserve.meter), on hosts with a proxy or a gateway

@@ -32,7 +32,7 @@ from gpuserve import layout, templating
 
 KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 MAX_KEY_LEN = 200
-NGINX_DIR = "/etc/nginx/gpuserve"
+NGINX_DIR = layout.NGINX_GPUSERVE_DIR
 
 # The client routes of vLLM's OpenAI-compatible server (0.32/0.33): (nginx location, body class).
 # "prompt" routes carry prompts (proxy_prompt_body_kib); "small" the rest (proxy_body_kib).
@@ -106,8 +106,8 @@ OWN_NAMES = ("common", "gateway")   # gateway: the gateway host's own front (gpu
 # The settings every front shares, the access log's format among them. nginx reads conf.d/*.conf
 # in name order and a site that names the format before its definition fails `nginx -t`, so the
 # file sorts before every gpuserve-* file ("gpuserve-common.conf" came after a deployment "api").
-COMMON_CONF = "/etc/nginx/conf.d/000-gpuserve-common.conf"
-OLD_COMMON_CONF = "/etc/nginx/conf.d/gpuserve-common.conf"
+COMMON_CONF = layout.NGINX_COMMON_CONF
+OLD_COMMON_CONF = layout.NGINX_OLD_COMMON_CONF
 
 
 def host_port(host: str, port: int) -> str:

