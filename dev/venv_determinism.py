@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuserve import engine as eng  # noqa: E402
-from gpuserve import venv_files  # noqa: E402
+from gpuserve import engine_pins, venv_files  # noqa: E402
 from gpuserve.engine import bytecode  # noqa: E402
 
 
@@ -77,6 +77,8 @@ def main() -> int:
                     help="without SOURCE_DATE_EPOCH, as before issue 25 (mtime-stamped .pyc)")
     ap.add_argument("--uv-bytecode", action="store_true",
                     help="uv's --compile-bytecode, as before engine id format 3 (pool-compiled .pyc)")
+    ap.add_argument("--resolved-as-of", default=None, metavar="YYYY-MM-DDTHH:MM:SSZ",
+                    help="uv --exclude-newer (default: the pin's, gpuserve.engine_pins.PACKAGED_AS_OF)")
     ap.add_argument("--python", default="3.12", help="the venv's Python (the hosts': 3.12)")
     ap.add_argument("--uv", required=True, help="the uv binary (gpuserve's pinned uv_version)")
     ap.add_argument("--work", default="/var/tmp/gpuserve-determinism")
@@ -86,7 +88,9 @@ def main() -> int:
         engine="sglang" if package == "sglang" else "vllm", package=package, version=version,
         python=args.python, torch_backend="cu130", python_downloads="never", excludes=(),
         kernels=False, uv_version=eng.UV_VERSION, torch_backend_arg=False,
-        constraints=() if args.no_constraints else eng.default_constraints(package))
+        constraints=() if args.no_constraints else eng.default_constraints(package),
+        # as the layer: PyPI as of when the pin was checked (torch from PyPI here)
+        resolved_as_of=args.resolved_as_of or engine_pins.resolved_as_of(package, version))
     work = Path(args.work)
     cache, venv = work / "cache", work / "venv"
     env = {**os.environ, "UV_NO_CONFIG": "1", "UV_CACHE_DIR": str(cache),
@@ -94,7 +98,7 @@ def main() -> int:
     if not args.timestamp_bytecode:  # the layer's own (gpuserve.engine.uv_environment)
         env["SOURCE_DATE_EPOCH"] = eng.uv_environment(spec)["SOURCE_DATE_EPOCH"]
     print(f"# {args.requirement} constraints={list(spec.constraints)} overrides={args.override} "
-          f"python={args.python} uv={args.uv} "
+          f"python={args.python} uv={args.uv} resolved_as_of={spec.resolved_as_of} "
           f"SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH')} "
           f"bytecode={'uv --compile-bytecode' if args.uv_bytecode else 'gpuserve.engine.bytecode'}",
           flush=True)

@@ -20,6 +20,7 @@ lacks, only to read its parser (vLLM 0.34.0 requires flashinfer-python==0.7.3; 0
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -279,6 +280,8 @@ def add(pin: str, config_repo: str, overrides: tuple[str, ...], uv: str, python:
     found, parser, releases = gather(package, version, work=Path(work) if work else work_dir(), uv=uv,
                                      python=python, overrides=overrides, find_links=find_links,
                                      keep=keep, say=say)
+    # PyPI as it was when the parser was read: hosts resolve the engine's requirements as of then
+    found = dataclasses.replace(found, resolved_as_of=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     doc = engine_overlay.to_document(found, parser=parser, on_pypi=version in releases,
                                      generated_by=f"gpuserve engine add {pin} (gpuserve {__version__})")
     out.parent.mkdir(parents=True, exist_ok=True)

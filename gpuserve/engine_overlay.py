@@ -21,6 +21,7 @@ import re
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from gpuserve import engine_pins
 from gpuserve.engine_pins import Pin
 
 FORMAT = 1
@@ -53,19 +54,20 @@ def to_document(pin: Pin, *, parser: str, on_pypi: bool, generated_by: str) -> d
     return {"format": FORMAT, "package": pin.package, "version": pin.version,
             "generated_by": generated_by, "parser": parser, "on_pypi": on_pypi,
             "torch": list(pin.torch) if pin.torch else None, "missing_on_pypi": list(pin.missing),
-            "overrides": list(pin.overrides),
+            "overrides": list(pin.overrides), "resolved_as_of": pin.resolved_as_of,
             "flags": {f: dict(pin.specs.get(f, {})) for f in sorted(pin.flags)}}
 
 
 def from_dump(package: str, version: str, flags: Mapping[str, Mapping[str, Any]], *,
               torch: tuple[str, str] | None, missing: list[str] | tuple[str, ...],
-              overrides: tuple[str, ...] = ()) -> Pin:
+              overrides: tuple[str, ...] = (), resolved_as_of: str | None = None) -> Pin:
     """The pin of gpuserve.engine_parser's output (``flags``: option -> what argparse knows of
     its value) and PyPI's facts; each spec is checked as a file's would be."""
     specs = {flag: _spec(flag, spec) for flag, spec in flags.items()}
     return Pin(package, version, frozenset(flags), torch, tuple(missing),
                MappingProxyType({f: MappingProxyType(s) for f, s in sorted(specs.items())}),
-               source=file_name(package, version), overrides=tuple(overrides))
+               source=file_name(package, version), overrides=tuple(overrides),
+               resolved_as_of=resolved_as_of)
 
 
 def _spec(flag: str, spec: Any) -> dict[str, Any]:
@@ -110,5 +112,8 @@ def from_document(doc: Any, name: str) -> Pin:
         if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise OverlayError(f"{key} must be a list of requirement strings")
         lists[key] = tuple(value)
+    as_of = doc.get("resolved_as_of")   # absent in files written before it existed
+    if as_of is not None and not (isinstance(as_of, str) and engine_pins.AS_OF.fullmatch(as_of)):
+        raise OverlayError(f"resolved_as_of is {as_of!r}: a UTC time YYYY-MM-DDTHH:MM:SSZ, or null")
     return from_dump(package, version, flags, torch=tuple(torch) if torch else None,
-                     missing=lists["missing_on_pypi"], overrides=lists["overrides"])
+                     missing=lists["missing_on_pypi"], overrides=lists["overrides"], resolved_as_of=as_of)

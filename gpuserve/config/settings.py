@@ -97,6 +97,7 @@ class HostSettings:
     engine_excludes: tuple[str, ...] | None = schema.default("engine_excludes")
     engine_overrides: tuple[str, ...] | None = schema.default("engine_overrides")  # uv --overrides lines
     engine_index: str | None = schema.default("engine_index")  # an extra wheel index for the engine (ROCm wheels)
+    engine_resolved_as_of: str | None = schema.default("engine_resolved_as_of")  # uv --exclude-newer; None: the pin's
     # proxy limits and access (gpuserve.proxy_conf.ProxyLimits's fields, without "proxy_")
     proxy_limits: Mapping[str, int] = field(default_factory=dict)
     proxy_operator_networks: tuple[str, ...] = tuple(schema.default("proxy_operator_networks"))

@@ -119,6 +119,9 @@ class EngineSpec:
     torch_backend_arg: bool = True
     constraints: tuple[str, ...] = ()  # uv --constraints lines (CONSTRAINTS: why each is there)
     overrides: tuple[str, ...] = ()  # uv --overrides lines: the engine_overrides setting
+    # uv --exclude-newer: PyPI as of then (engine_resolved_as_of, else the pin's); None where a
+    # wheel comes from elsewhere (the PyTorch or another index, a wheelhouse): no upload times
+    resolved_as_of: str | None = None
 
     @property
     def interpreter(self) -> str:
@@ -142,6 +145,8 @@ class EngineSpec:
             inputs["constraints"] = list(self.constraints)
         if self.overrides:
             inputs["overrides"] = list(self.overrides)
+        if self.resolved_as_of:   # the same pin resolved as of another time: other files
+            inputs["resolved_as_of"] = self.resolved_as_of
         return inputs
 
     @property
@@ -212,6 +217,10 @@ def spec_for(settings: HostSettings, wheelset: str | None = None) -> EngineSpec:
         index=settings.engine_index, torch_backend_arg=torch_arg,
         constraints=default_constraints(settings.engine_package),
         overrides=tuple(settings.engine_overrides or ()),
+        # every wheel from PyPI, which has upload times: resolved as of the pin's time
+        resolved_as_of=None if (wheelset or torch_arg or settings.engine_index) else (
+            settings.engine_resolved_as_of or engine_pins.resolved_as_of(
+                settings.engine_package, settings.engine_version, settings.engine_overlays)),
     )
 
 

@@ -96,6 +96,8 @@ def install_command(spec: EngineSpec, uv: str, path: str, wheelhouse: str | None
         cmd += ["--constraints", constraints_file or constraints_path(path)]
     if spec.overrides:  # the build script writes them there (engine_overrides)
         cmd += ["--overrides", overrides_path(path)]
+    if spec.resolved_as_of and not wheelhouse:   # PyPI as it was then: the same files next year
+        cmd += ["--exclude-newer", spec.resolved_as_of]
     return [*cmd, *_index_args(wheelhouse), spec.requirement]
 
 

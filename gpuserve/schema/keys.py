@@ -83,6 +83,13 @@ KEYS: tuple[Key, ...] = (
         "pin whose own requirement PyPI lacks (vLLM 0.34.0 needs `flashinfer-python==0.7.3`: "
         "`engine_overrides = [\"flashinfer-python==0.7.4\"]`, which the truth suite builds and "
         "checks; docs/recipes.md)", _ENV, H),
+    Key("engine_resolved_as_of", None, "str", "a UTC time `YYYY-MM-DDTHH:MM:SSZ`, not in the future",
+        "uv resolves the engine's requirements as PyPI was then (`uv pip install --exclude-newer`): "
+        "a host built today or next year gets the same files. Applied when every wheel comes from "
+        "PyPI (no `torch_backend` index, no `engine_index`, no `wheelhouse`: those indexes carry no "
+        "upload times). Later: the dependencies released since, in a new venv", _ENV, H,
+        default_doc="when the pin was checked: 2026-12-05T12:00:00Z for gpuserve's own pins; the "
+        "time `gpuserve engine add` read a config repo's"),
     # the deployments of a host
     Key("deployments", {"minimax": {}}, "mapping", "name -> a mapping of the keys below (or `{}`); "
         "a name is lowercase letters, digits, `-`, `_` (at most 40)",
