@@ -1,12 +1,12 @@
 """The venv's bytecode, the same bytes on every build (issue 25).
 
 uv's ``--compile-bytecode`` hands the sources to a pool of Python workers, each taking the next
-file when it is free. CPython's marshal writes an object as a back-reference (``FLAG_REF``) only
-when its reference count says it is shared, and the counts of interned strings depend on every
-file that worker compiled before. So one source gives different ``.pyc`` bytes depending on
-which worker got it and after what: 3 of ~90,000 files differed between cold vLLM installs
-(bench/RESULTS.md). The same source compiled in a fresh interpreter and after 20 other files
-of its package gives two different files (tests/unit/test_engine_bytecode.py shows it).
+file when it is free. CPython's marshal writes an object as a back-reference (``FLAG_REF``) or
+not depending on its reference count, and from Python 3.12 on those counts depend on what the
+interpreter compiled before. So one source gives different ``.pyc`` bytes depending on which
+worker got it and after what: 3 of ~90,000 files differed between cold vLLM installs
+(bench/RESULTS.md). pycparser's c_parser.py compiled in a fresh interpreter and right after its
+neighbour c_lexer.py gives two different files (tests/unit/test_engine_bytecode.py shows it).
 
 Here the venv's own Python compiles every source of site-packages in fixed chunks: the sources
 in sorted path order, cut every ``CHUNK_FILES`` files, each chunk in a fresh interpreter with a
