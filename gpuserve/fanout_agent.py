@@ -91,6 +91,18 @@ def serve(models_dir: str, original: str) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
+def key_path(key: str, env: Dict[str, str]) -> str:
+    """Where ssh reads the fleet key: an absolute path as it is, else a credential name in the
+    fetch unit's ``$CREDENTIALS_DIRECTORY`` (its ``LoadCredentialEncrypted=``, issue 29)."""
+    if os.path.isabs(key):
+        return key
+    directory = env.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        raise RuntimeError(f"the fleet key {key!r} is a credential, and this process has no "
+                           "$CREDENTIALS_DIRECTORY: run it as the unit gpuserve-weights-fetch.service")
+    return os.path.join(directory, key)
+
+
 class Agent:
     def __init__(self, job: Dict[str, Any]):
         self.job = job
@@ -119,7 +131,7 @@ class Agent:
     # -- helpers ---------------------------------------------------------------------------------
     def ssh_argv(self) -> List[str]:
         s = self.job["ssh"]
-        return ["ssh", "-i", s["key"], "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+        return ["ssh", "-i", key_path(s["key"], os.environ), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
                 "-o", f"UserKnownHostsFile={s['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
                 "-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
                 "-o", "LogLevel=ERROR", "-p", str(s.get("port", 22)),

@@ -8,7 +8,7 @@
     /etc/gpuserve/<deployment>/previous -> releases/<id> the rollback target
     gpuserve-<deployment>.service                       the systemd unit
     /opt/gpuserve/lib/{weights,fanout_agent}.py         the fan-out agent (weights_fanout = "hosts")
-    /etc/gpuserve/fanout/{id_ed25519,known_hosts,job.json}   its fleet key (0600), peers, job
+    /etc/gpuserve/fanout/{id_ed25519.cred,known_hosts,job.json}   its fleet key (encrypted), peers, job
     gpuserve-weights-fetch.service                      the fan-out agent's unit
     /var/lib/gpuserve-fanout/.ssh/authorized_keys       the fleet key, forced to read checkpoints only
 
@@ -32,7 +32,9 @@ ETC_DIR = "/etc/gpuserve"
 # host-to-host weights fan-out (gpuserve.layers.fanout)
 AGENT_DIR = f"{OPT_DIR}/lib"
 FANOUT_ETC = f"{ETC_DIR}/fanout"
-FANOUT_KEY = f"{FANOUT_ETC}/id_ed25519"
+FANOUT_KEY = f"{FANOUT_ETC}/id_ed25519"   # before issue 29: the fleet key in plaintext (removed)
+FANOUT_KEY_CRED = f"{FANOUT_KEY}.cred"    # the fleet key, a systemd credential the fetch unit loads
+FANOUT_KEY_CREDENTIAL = "fleet-key"       # its name in the unit's $CREDENTIALS_DIRECTORY
 FANOUT_KNOWN_HOSTS = f"{FANOUT_ETC}/known_hosts"
 FANOUT_JOB = f"{FANOUT_ETC}/job.json"
 FANOUT_USER = "gpuserve-fanout"
@@ -130,7 +132,7 @@ ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
 TOOLS_DIR = f"{OPT_DIR}/bin"                   # gpuserve's commands on a host
 CREDENTIALS_BIN = f"{TOOLS_DIR}/gpuserve-credentials"   # decrypts systemd credentials into /run
 RUN_DIR = "/run/gpuserve"                      # tmpfs: nothing here outlives a reboot
-SECRETS_RUN_DIR = f"{RUN_DIR}/secrets"         # root 0700: the decrypted credentials (operations/secrets.py)
+SECRETS_RUN_DIR = f"{RUN_DIR}/secrets"         # root 0711: the decrypted credentials (operations/secrets.py)
 SECRETS_RUN_STAGING = f"{RUN_DIR}/.staging"    # root 0700: a credential's upload, before it is encrypted
 SECRETS_STAGING_DIR = f"{ETC_DIR}/.staging"   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
 DOWNLOADS_DIR = "/var/cache/gpuserve"          # GPU-stack downloads
@@ -165,6 +167,8 @@ def systemd_dropin_path(service: str, name: str) -> str:
 
 
 NGINX_CREDENTIALS_DROPIN = systemd_dropin_path("nginx", "gpuserve-credentials.conf")   # decrypts nginx's keys
+PROMETHEUS_CREDENTIALS_DROPIN = systemd_dropin_path("prometheus", "gpuserve-credentials.conf")   # scrape keys
+ALERTMANAGER_CREDENTIALS_DROPIN = systemd_dropin_path("prometheus-alertmanager", "gpuserve-credentials.conf")
 
 
 def unit_path(deployment: str) -> str:

@@ -6,7 +6,8 @@
         launch         exec's the engine (ExecStart of the unit); no secret in its argv
         wait-ready     ExecStartPost: returns once /health answers, fails if the engine died
         release.json   the Release record (gpuserve.releases)
-    /etc/gpuserve/<deployment>/secrets.env   VLLM_API_KEY (root 0600), shared by all releases
+    /etc/gpuserve/<deployment>/secrets.env   VLLM_API_KEY, shared by all releases: a link to its
+                                             /run copy of secrets.env.cred (docs/secrets.md)
 
 The unit file itself never changes between releases: it runs ``current/launch``, so switching
 releases is a pointer move plus a restart.

@@ -41,7 +41,12 @@ MANAGED = "# Managed by gpuserve (pyinfra)"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")   # gpuserve.config.DEPLOYMENT_NAME
 SYSTEMD_DIR = layout.SYSTEMD_DIR
 USER_COMMENT = "gpuserve inference engine"   # gpuserve.layers.base gives the service user this
-KEY_SUFFIXES = (".keys", ".operator-keys", ".upstream-auth", ".drain")  # the proxy's per-deployment files
+# the proxy's per-deployment files: the keys are systemd credentials (<file>.cred) with <file> a link
+# to their decrypted copy in /run (issue 29)
+KEY_SUFFIXES = (".keys", ".keys.cred", ".operator-keys", ".operator-keys.cred", ".upstream-auth",
+                ".upstream-auth.cred", ".drain")
+# a deployment's decrypted credentials in /run: the proxy's keys and the engine's secrets.env
+RUN_SUFFIXES = (".keys", ".operator-keys", ".upstream-auth", ".secrets.env")
 # host-wide directories and files of gpuserve besides the deployments' (deploys/decommission.py)
 HOST_PATHS = (
     proxy_conf.COMMON_CONF,
@@ -49,6 +54,9 @@ HOST_PATHS = (
     proxy_conf.NGINX_DIR,                 # TLS pair, keys, drain flags
     layout.NGINX_DROPIN_PATH,
     layout.NGINX_CREDENTIALS_DROPIN,      # decrypts nginx's keys at start (issue 29): before OPT_DIR's script goes
+    layout.PROMETHEUS_CREDENTIALS_DROPIN,     # ... and a monitor's scrape keys and alertmanager.yml
+    layout.ALERTMANAGER_CREDENTIALS_DROPIN,
+    monitoring.ALERTMANAGER_YML + ".cred",     # alertmanager.yml with the receivers' secrets, encrypted
     layout.ETC_DIR,                       # ledgers, secrets
     layout.OPT_DIR,                       # engine envs, uv, wheels, the readiness gate
     layout.SERVICE_HOME,
@@ -116,7 +124,8 @@ def deployment_paths(name: str, nvme_path: str) -> tuple[str, ...]:
 def _deployment_paths(name: str, nvme_path: str) -> tuple[str, ...]:
     proxy = () if name in proxy_conf.OWN_NAMES else (
         proxy_site(name), *(f"{proxy_conf.NGINX_DIR}/{name}{s}" for s in KEY_SUFFIXES))
-    return (*proxy, layout.cache_dir(nvme_path, name), *textfiles(name), unit_path(name),
+    run = tuple(f"{layout.SECRETS_RUN_DIR}/{name}{s}" for s in RUN_SUFFIXES)
+    return (*proxy, layout.cache_dir(nvme_path, name), *textfiles(name), *run, unit_path(name),
             layout.deployment_dir(name))
 
 
@@ -415,7 +424,7 @@ def decommission_services(footprint: Footprint) -> tuple[ServiceStop, ...]:
     return tuple(out)
 
 
-FILE_SUFFIXES = (".conf", ".service", ".yml", ".prom", ".tmp", *KEY_SUFFIXES)
+FILE_SUFFIXES = (".conf", ".service", ".yml", ".prom", ".tmp", ".cred", *KEY_SUFFIXES, *RUN_SUFFIXES)
 
 
 def is_file(path: str) -> bool:

@@ -31,7 +31,9 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+from pyinfra import host
 from pyinfra.api import FactBase, deploy
+from pyinfra.facts.files import File
 from pyinfra.context import ctx_state
 from pyinfra.operations import apt, files, server, systemd
 
@@ -41,7 +43,7 @@ from gpuserve import weights as w
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
 from gpuserve.operations.fanout import Fleet, begin, push, wait
-from gpuserve.operations.secrets import secret_file
+from gpuserve.operations.secrets import encrypted_credential
 from gpuserve.operations.weights import Target, _state, _todo, checkpoint_space
 
 
@@ -67,7 +69,7 @@ _fleets: dict[tuple[int, str, str], Fleet] = {}
 def fanout_unit_vars(label: str, repo_dir: str) -> dict[str, str]:
     """The variables of the fan-out fetch unit (gpuserve-weights-fetch.service.j2): pure."""
     return dict(label=label, agent=f"{layout.AGENT_DIR}/fanout_agent.py", job=layout.FANOUT_JOB,
-                repo_dir=repo_dir)
+                repo_dir=repo_dir, credential=layout.FANOUT_KEY_CREDENTIAL, credential_file=layout.FANOUT_KEY_CRED)
 
 
 def fanout_unit(label: str, repo_dir: str) -> str:
@@ -140,7 +142,7 @@ def job_for(fleet: Fleet, settings: HostSettings, target: Target) -> dict[str, A
         "roots": fleet.roots(settings.host), "margin": target.margin,
         "bwlimit_kib": target.bwlimit_kib,
         "progress": layout.fanout_progress(target.repo_dir, target.sha),
-        "ssh": {"user": layout.FANOUT_USER, "key": layout.FANOUT_KEY,
+        "ssh": {"user": layout.FANOUT_USER, "key": layout.FANOUT_KEY_CREDENTIAL,   # in $CREDENTIALS_DIRECTORY
                 "known_hosts": layout.FANOUT_KNOWN_HOSTS, "control_dir": layout.FANOUT_RUN_DIR},
     }
 
@@ -177,7 +179,12 @@ def fanout_start(settings: HostSettings) -> None:
     checkpoint_space(name=f"Free space for checkpoint {target.label}", target=target)
     files.directory(name="Fan-out configuration", path=layout.FANOUT_ETC, user="root", group="root",
                     mode="700")
-    secret_file(name="Fan-out fleet key", content=Path(fleet.key).read_text(), dest=layout.FANOUT_KEY)
+    # encrypted at rest (issue 29): the fetch unit loads it into its $CREDENTIALS_DIRECTORY
+    key = encrypted_credential(name="Fan-out fleet key (encrypted, not shown)", content=Path(fleet.key).read_text(),
+                               cred=layout.FANOUT_KEY_CRED, cred_name=layout.FANOUT_KEY_CREDENTIAL)
+    if host.get_fact(File, path=layout.FANOUT_KEY):
+        server.shell(name="No fan-out fleet key in plaintext (it was before issue 29)",
+                     commands=[f"shred -u {layout.FANOUT_KEY}"])
     state = ctx_state.get()
     peers = "".join(f"{fleet.addresses[n]} {state.inventory.get_host(n).get_fact(SshHostKey)}\n"
                     for n in fleet.hosts if n != settings.host)
@@ -191,7 +198,7 @@ def fanout_start(settings: HostSettings) -> None:
                      dest=layout.systemd_unit_path(layout.FANOUT_UNIT), user="root", group="root", mode="644")
     systemd.daemon_reload(name="systemd: reload units (fan-out)", _if=unit.did_change)
     begin(name=f"Start fetching {target.label}", target=target,
-          restart=bool(job.will_change or unit.will_change))
+          restart=bool(job.will_change or unit.will_change or key.will_change))
     push(name="Control node: send each stripe once", settings=settings, fleet=fleet,
          everyone=all_settings())
 

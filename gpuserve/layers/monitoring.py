@@ -14,6 +14,7 @@ scrapes the engines with are secret files
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import shlex
 from io import StringIO
 from pathlib import Path
@@ -27,7 +28,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import (api_keys, certs, engine_guard, meter, monitoring, proxy_conf, receivers, secret_sources,
+from gpuserve import (api_keys, certs, engine_guard, layout, meter, monitoring, proxy_conf, receivers, secret_sources,
                       stack, templating)
 from gpuserve.config import HostSettings
 from gpuserve.layers import proxy as proxy_layer
@@ -152,6 +153,34 @@ def _first_key(path: Any) -> str:
     return keys[0]
 
 
+def _scrape_key(what: str, source: Any, dest: str) -> Any:
+    """One scrape key Prometheus reads (``credentials_file``): a systemd credential at rest (issue 29),
+    decrypted into /run (root:prometheus 0640) by Prometheus's drop-in; ``dest`` links to it."""
+    return secrets_ops.credential_file(name=f"Scrape key for {what} (encrypted, not shown)",
+                                       content=_first_key(source) + "\n", dest=dest,
+                                       cred_name=f"scrape.{posixpath.basename(dest)}", user="root",
+                                       group="prometheus", mode="640")
+
+
+def monitor_dropins() -> tuple[tuple[str, str, str], ...]:
+    """(unit, the directory of its credentials, its credentials drop-in) of Prometheus and alertmanager."""
+    return (("prometheus", monitoring.SCRAPE_SECRETS_DIR, layout.PROMETHEUS_CREDENTIALS_DROPIN),
+            ("prometheus-alertmanager", posixpath.dirname(monitoring.ALERTMANAGER_YML),
+             layout.ALERTMANAGER_CREDENTIALS_DROPIN))
+
+
+def monitor_credentials() -> Any:
+    """Prometheus and alertmanager decrypt their credentials (scrape keys, alertmanager.yml) into
+    /run before they start (drop-ins); the reload of systemd when one changed, to test with."""
+    secrets_ops.credentials_tool()
+    dropins = [files.put(name=f"{unit} decrypts its credentials when it starts (systemd drop-in)",
+                         src=StringIO(secrets_ops.credentials_dropin(directory)), dest=dest,
+                         user="root", group="root", mode="644")
+               for unit, directory, dest in monitor_dropins()]
+    systemd.daemon_reload(name="Reload systemd units (monitor credentials drop-ins)", _if=any_changed(*dropins))
+    return dropins
+
+
 def _alertmanager_yml(m: monitoring.MonitorSettings) -> Any:
     """alertmanager.yml with the receivers of ``alert_receivers`` (issue 29). With a secret in it
     (a Slack URL, a PagerDuty key, an SMTP password), root:prometheus 0640, never shown; with
@@ -163,16 +192,18 @@ def _alertmanager_yml(m: monitoring.MonitorSettings) -> Any:
         return None
     if not any(r.secrets for r in m.alert_receivers):
         receiver = receivers.alertmanager_receiver(m.alert_receivers, secret_sources.read_text)
+        secrets_ops.no_credential(name="alertmanager.yml holds no secret: no credential", dest=monitoring.ALERTMANAGER_YML)
         return files.put(name="alertmanager.yml", src=StringIO(monitoring.alertmanager_yml(receiver)),
                          dest=monitoring.ALERTMANAGER_YML, user="root", group="root", mode="644")
     try:
         receiver = receivers.alertmanager_receiver(m.alert_receivers, secret_sources.read_text)
     except (OSError, SecretSourceError) as exc:   # names the source, never a secret
         raise OperationError(f"{host.name}: alert_receivers: {getattr(exc, 'strerror', None) or exc}") from None
-    return secrets_ops.secret_file(name="alertmanager.yml with the receivers' secrets (0640, not shown)",
-                                   content=monitoring.alertmanager_yml(receiver),
-                                   dest=monitoring.ALERTMANAGER_YML, user="root", group="prometheus",
-                                   mode="640")
+    # a systemd credential at rest (issue 29), decrypted into /run by alertmanager's drop-in
+    return secrets_ops.credential_file(name="alertmanager.yml with the receivers' secrets (encrypted, not shown)",
+                                       content=monitoring.alertmanager_yml(receiver),
+                                       dest=monitoring.ALERTMANAGER_YML, cred_name="alertmanager.yml",
+                                       user="root", group="prometheus", mode="640")
 
 
 @deploy("Prometheus and alertmanager")
@@ -190,22 +221,17 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
         host.noop(why)
     files.directory(name="Scrape keys (root:prometheus 0750)", path=monitoring.SCRAPE_SECRETS_DIR,
                     user="root", group="prometheus", mode="750")
+    monitor_credentials()
     secrets = []
     for t in plan.engines:
         if t.operator_key_file:
             dep = all_settings[t.host].deployment(t.deployment)
             # a scrape key (monitoring routes only): the monitor never holds an operator key
-            secrets.append(secrets_ops.secret_file(
-                name=f"Scrape key for {t.host} {t.deployment} (0640, not shown)",
-                content=_first_key(dep.scrape_keys_file) + "\n", dest=t.operator_key_file,
-                user="root", group="prometheus", mode="640"))
+            secrets.append(_scrape_key(f"{t.host} {t.deployment}", dep.scrape_keys_file, t.operator_key_file))
     for n in plan.nodes:
         if n.operator_key_file:
             dep = next(d for d in all_settings[n.host].deployments if d.scrape_keys_file)
-            secrets.append(secrets_ops.secret_file(
-                name=f"Scrape key for {n.host}'s exporters (0640, not shown)",
-                content=_first_key(dep.scrape_keys_file) + "\n", dest=n.operator_key_file,
-                user="root", group="prometheus", mode="640"))
+            secrets.append(_scrape_key(f"{n.host}'s exporters", dep.scrape_keys_file, n.operator_key_file))
     cas = []
     if any(t.ca_file for t in plan.engines) or any(n.ca_file for n in plan.nodes):
         files.directory(name="Hosts' certificates", path=monitoring.SCRAPE_CA_DIR,

@@ -11,7 +11,6 @@ with files.put (its --diff would print it): gpuserve/operations/secrets.py.
 
 from __future__ import annotations
 
-import posixpath
 from io import StringIO
 from pathlib import Path
 
@@ -61,11 +60,7 @@ def nginx_credentials() -> None:
     """What decrypts nginx's credentials (gpuserve.operations.secrets.credential_file) when it
     starts: the script and nginx's drop-in that runs it. No restart: a running nginx already
     reads the /run copies the converge writes."""
-    files.directory(name="gpuserve tools", path=posixpath.dirname(secrets_ops.CREDENTIALS_BIN),
-                    user="root", group="root", mode="755")
-    files.put(name="Credentials decrypted into /run before a service starts",
-              src=StringIO(secrets_ops.CREDENTIALS_SCRIPT), dest=secrets_ops.CREDENTIALS_BIN,
-              user="root", group="root", mode="755")
+    secrets_ops.credentials_tool()
     dropin = files.put(name="nginx decrypts its credentials when it starts (systemd drop-in)",
                        src=StringIO(secrets_ops.credentials_dropin(NGINX_DIR, NGINX_TEST)),
                        dest=CREDENTIALS_DROPIN, user="root", group="root", mode="644")
@@ -153,8 +148,8 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     default_site = files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE,
                               present=False)
     # 0711: nginx's workers (www-data) only stat the drain flag here by name; they cannot list
-    # the directory, and the keys, the engine's key and the TLS key in it are root 0600 (read by
-    # the master), renamed into place from a 0700 staging directory with that mode already
+    # the directory; the keys, the engine's key and the TLS key in it are links to their root 0600
+    # copies in /run, systemd credentials at rest (issue 29: gpuserve/operations/secrets.py)
     files.directory(name="Proxy configuration (0711)", path=NGINX_DIR, user="root", group="root",
                     mode="711")
     common = files.put(name="Proxy settings shared by the deployments",
@@ -207,16 +202,18 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
         if plan.secret(dep.name, "engine-key") is None:
             # the engine takes no key (SGLang): it serves keyless on loopback behind the engine
             # guard, and the proxy, which checked the client's key, sends none upstream
+            secrets_ops.no_credential(name=f"{dep.name}: no engine key credential for the proxy", dest=upstream)
             changed.append(files.put(name=f"{dep.name}: no engine key for the proxy (the engine takes none)",
                                      src=StringIO("# the engine takes no key (gpuserve)\n"), dest=upstream,
                                      user="root", group="root", mode="600"))
-        elif not host.get_fact(secrets_ops.MatchesInFile, path=upstream, pattern="Bearer [A-Za-z0-9_-]"):
-            # from the engine key the service layer made on this host; it never leaves the host
-            changed.append(server.shell(
-                name=f"{dep.name}: the engine's key for the proxy (0600)",
-                commands=[f"umask 077; . {plan.deployment(dep.name).secrets_env} && "
-                          f"printf 'proxy_set_header Authorization \"Bearer %s\";\\n' \"$VLLM_API_KEY\""
-                          f" > {upstream}"]))
+        else:
+            # from the engine key the service layer made on this host; it never leaves the host, and
+            # is a credential here too (issue 29), decrypted into /run by nginx's drop-in
+            changed.append(secrets_ops.generated_credential(
+                name=f"{dep.name}: the engine's key for the proxy (encrypted, made on the host)", dest=upstream,
+                cred_name=f"{dep.name}.upstream-auth", check="^proxy_set_header Authorization \"Bearer [A-Za-z0-9_-]",
+                make=f". {plan.deployment(dep.name).secrets_env} && "
+                     "printf 'proxy_set_header Authorization \"Bearer %s\";\\n' \"$VLLM_API_KEY\""))
         conf = files.put(
             name=f"{dep.name}: TLS front on {settings.proxy_bind}:{dep.proxy_port}",
             src=StringIO(proxy_conf.server_conf(

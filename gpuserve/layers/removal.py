@@ -123,8 +123,8 @@ def _stop(name: str, unit: str, stop: bool, disable: bool) -> None:
 def _remove_path(path: str, name: str, link: bool = False) -> None:
     if link:
         files.link(name=name, path=path, present=False)
-    elif plan.is_file(path):
-        files.file(name=name, path=path, present=False)
+    elif plan.is_file(path):   # force: a secret's link into /run (a credential) goes too
+        files.file(name=name, path=path, present=False, force=True)
     else:
         files.directory(name=name, path=path, present=False)
 

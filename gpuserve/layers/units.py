@@ -56,6 +56,7 @@ def engine_unit_vars(plan: HostPlan, dep: DeploymentSettings) -> dict:
         # own address, not loopback: the address filter is for engines without GPUs only
         loopback_only=is_loopback(dep.serve_host) and not serve.gpus,
         guard=engine_guard.UNIT, listeners=listeners_path(where.deployment_dir),
+        credentials_bin=secrets_ops.CREDENTIALS_BIN,
     )
 
 
@@ -100,6 +101,7 @@ def service(plan: HostPlan, *, start: bool = True, removed: Sequence[Release] = 
     files.directory(name="gpuserve tools", path=f"{layout.OPT_DIR}/bin", user="root", group="root",
                     mode="755")
     files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
+    secrets_ops.credentials_tool()   # the engine units' ExecStartPre=+ decrypts their secrets with it
     # before any engine starts: only the proxy and gpuserve open the engine ports (issue 12, 6)
     settings = plan.settings
     engine_guard_layer(settings)
@@ -124,15 +126,18 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
 
     secrets = _secrets_content(plan, name)
     secrets_path = where.secrets_env
+    # a systemd credential at rest (issue 29), decrypted into /run by the unit's ExecStartPre=+;
+    # secrets.env is the link to that copy, which the readiness gate and the watchdog read
     if secrets is None:
         # behind the proxy the engine gets a random key made on the host once, never sent anywhere
         # (nor shown: the operation prints neither the key nor a diff)
-        op = secrets_ops.generated_secret(name=f"{name}: internal engine key (0600, made on the host)",
-                                          dest=secrets_path, line_prefix="VLLM_API_KEY=",
-                                          check="^VLLM_API_KEY=.")
+        op = secrets_ops.generated_credential(
+            name=f"{name}: internal engine key (encrypted, made on the host)", dest=secrets_path,
+            cred_name=f"{name}.secrets.env", check="^VLLM_API_KEY=.",
+            make="printf 'VLLM_API_KEY=%s\\n' \"$(head -c 32 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\\n')\"")
     else:
-        op = secrets_ops.secret_file(name=f"{name}: engine secrets (0600, not shown)", content=secrets,
-                                     dest=secrets_path)
+        op = secrets_ops.credential_file(name=f"{name}: engine secrets (encrypted, not shown)", content=secrets,
+                                         dest=secrets_path, cred_name=f"{name}.secrets.env")
     changed_secrets = op.will_change
 
     listeners_file = listeners_path(where.deployment_dir)

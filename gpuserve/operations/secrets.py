@@ -17,6 +17,10 @@ at ``<dest>.cred``, and the plaintext only in /run (a tmpfs: memory), where ``de
 link to. The upload goes through tmpfs directories only (root's under /run, the login user's under
 /dev/shm), so no plaintext copy ever reaches a disk. After a reboot /run is empty: the service that
 reads the secret decrypts it again before it starts (``CREDENTIALS_SCRIPT``, an ExecStartPre=).
+A secret made on the host (the engine's internal key, nginx's copy of it) is a credential too
+(``generated_credential``): made in /run, it never reaches a disk. A unit that reads its secret
+only when it starts loads it itself (``encrypted_credential``: ``LoadCredentialEncrypted=``, the
+fan-out's fleet key). No key of any kind lies in plaintext on a host's disk (docs/secrets.md).
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import shlex
-from io import BytesIO
+from io import BytesIO, StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.facts.server import Home, User
+from pyinfra.operations import files
 
 from gpuserve import layout, templating
 
@@ -39,17 +44,6 @@ UPLOAD_DIR = ".gpuserve-upload"      # in the login user's home, 0700: where it 
 RUN_DIR = layout.SECRETS_RUN_DIR     # root 0700: the decrypted credentials, where ``dest`` points
 RUN_STAGING = layout.SECRETS_RUN_STAGING
 SHM_UPLOAD = "/dev/shm/.gpuserve-upload"   # + "-<login user>", 0700: the sudo upload, in memory
-
-
-class MatchesInFile(FactBase):
-    """Whether a file has a line matching an extended regex: True/False, never the line."""
-
-    def command(self, path: str, pattern: str) -> str:
-        return (f"if grep -qE {shlex.quote(pattern)} {shlex.quote(path)} 2>/dev/null; "
-                "then echo yes; else echo no; fi")
-
-    def process(self, output: list[str]) -> bool:
-        return bool(output) and output[-1].strip() == "yes"
 
 
 def staging_dir_commands() -> str:
@@ -89,32 +83,33 @@ def _escalates() -> bool:
     return bool(args.get("_sudo"))
 
 
-@operation()
-def generated_secret(dest: str, line_prefix: str, check: str):
-    """Make ``dest`` (root 0600) holding ``line_prefix`` + a random key made on the host, once.
-    ``check`` is an extended regex a valid file matches; the key never leaves the host."""
-    if host.get_fact(MatchesInFile, path=dest, pattern=check):
-        host.noop(f"secret {dest} exists")
-        return
-    tmp = posixpath.join(STAGING, posixpath.basename(dest) + ".new")
-    yield StringCommand(
-        staging_dir_commands() + f" && key=$(head -c 32 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\\n')"
-        f" && printf '%s%s\\n' {shlex.quote(line_prefix)} \"$key\" > {tmp} && mv -f {tmp} {dest}")
+def _run_dirs() -> str:
+    """Make the /run directories of the decrypted credentials: /run/gpuserve and its secrets 0711
+    (a service user such as prometheus reaches its own file by name, and lists nothing), the
+    staging 0700; the host's credential key made once."""
+    return (f"umask 077; mkdir -p {RUN_DIR} {RUN_STAGING} && chmod 711 {posixpath.dirname(RUN_DIR)} {RUN_DIR} "
+            f"&& chmod 700 {RUN_STAGING} && systemd-creds setup >/dev/null")
+
+
+def _perms(user: str, group: str, mode: str) -> str:
+    """What ``stat -c %U:%G:%a`` prints for a file with these owner and mode."""
+    return f"{user}:{group}:{int(mode, 8):o}"
 
 
 class CredentialState(FactBase):
     """A credential's state, never its content: the sha256 of its decrypted content ("" when
     ``<dest>.cred`` is missing or does not decrypt), and whether ``dest`` is the link to its /run
-    copy with that copy present."""
+    copy with that copy present (with owner and mode ``perms``, ``user:group:mode``, when given)."""
 
-    def command(self, dest: str, cred_name: str) -> str:
+    def command(self, dest: str, cred_name: str, perms: str = "root:root:600") -> str:
         name = cred_name   # ``name`` is pyinfra's
         cred, run = shlex.quote(dest + ".cred"), shlex.quote(posixpath.join(RUN_DIR, name))
         return (f"h=$( [ -f {cred} ] && systemd-creds decrypt --name={shlex.quote(name)} {cred} - "
                 f"2>/dev/null | sha256sum | cut -d' ' -f1 ); "
                 f"[ -f {cred} ] && systemd-creds decrypt --name={shlex.quote(name)} {cred} - "
                 f">/dev/null 2>&1 || h=; "
-                f"l=no; [ \"$(readlink {shlex.quote(dest)})\" = {run} ] && [ -f {run} ] && l=yes; "
+                f"l=no; [ \"$(readlink {shlex.quote(dest)})\" = {run} ] && [ -f {run} ] && "
+                f"[ \"$(stat -c %U:%G:%a {run})\" = {shlex.quote(perms)} ] && l=yes; "
                 f"echo \"${{h:-none}} $l\"")
 
     def process(self, output: list[str]) -> tuple[str, bool]:
@@ -122,20 +117,9 @@ class CredentialState(FactBase):
         return ("" if digest == "none" else digest), linked == "yes"
 
 
-@operation()
-def credential_file(content: str, dest: str, cred_name: str):
-    """``content`` as a systemd credential ``<dest>.cred`` (encrypted at rest), decrypted into
-    /run (tmpfs), ``dest`` a link to it: compared by the hash of the decrypted credential, never
-    shown; an old plaintext ``dest`` is shredded."""
-    want = hashlib.sha256(content.encode()).hexdigest()
-    name = cred_name   # ``name`` is pyinfra's (the operation's name)
-    have, linked = host.get_fact(CredentialState, dest=dest, cred_name=name)
-    if have == want and linked:
-        host.noop(f"credential {dest}.cred is up to date")
-        return
-    run, tmp = posixpath.join(RUN_DIR, name), posixpath.join(RUN_STAGING, name + ".upload")
-    yield StringCommand(f"umask 077; mkdir -p {RUN_DIR} {RUN_STAGING} && chmod 700 {RUN_DIR} "
-                        f"{RUN_STAGING} && rm -f {tmp} && systemd-creds setup >/dev/null")
+def _upload_to_run_staging(content: str, tmp: str):
+    """The commands that put ``content`` at ``tmp`` (in RUN_STAGING) through tmpfs only."""
+    yield StringCommand(_run_dirs() + f" && rm -f {tmp}")
     upload = tmp
     if _escalates():   # the login user's copy: in memory too (/dev/shm), 0700
         user = host.get_fact(User, _sudo=False)
@@ -144,37 +128,163 @@ def credential_file(content: str, dest: str, cred_name: str):
         yield StringCommand(f"umask 077; mkdir -p {shlex.quote(private)} && chmod 700 "
                             f"{shlex.quote(private)} && rm -f {shlex.quote(upload)}", _sudo=False)
     yield FileUploadCommand(BytesIO(content.encode()), tmp, remote_temp_filename=upload)
-    cred = shlex.quote(dest + ".cred")
+
+
+def _encrypt_and_link(tmp: str, dest: str, name: str, user: str, group: str, mode: str) -> str:
+    """Encrypt ``tmp`` (plaintext in RUN_STAGING) into ``<dest>.cred`` (with the /run copy's owner
+    and mode: the decrypting script copies them from it), move it into /run, shred an old
+    plaintext ``dest`` and link ``dest`` to the /run copy."""
+    run, cred = posixpath.join(RUN_DIR, name), shlex.quote(dest + ".cred")
+    return (f"umask 077; systemd-creds encrypt --name={shlex.quote(name)} {tmp} {cred}.new && "
+            f"chown {user}:{group} {cred}.new {tmp} && chmod {mode} {cred}.new {tmp} && "
+            f"mv -f {cred}.new {cred} && mv -f {tmp} {run} && "
+            f"if [ -f {dest} ] && [ ! -L {dest} ]; then shred -u {dest}; fi && ln -sfn {run} {dest}")
+
+
+@operation()
+def credential_file(content: str, dest: str, cred_name: str, user: str = "root", group: str = "root",
+                    mode: str = "600"):
+    """``content`` as a systemd credential ``<dest>.cred`` (encrypted at rest), decrypted into
+    /run (tmpfs) with owner ``user:group`` and ``mode``, ``dest`` a link to it: compared by the
+    hash of the decrypted credential, never shown; an old plaintext ``dest`` is shredded."""
+    want = hashlib.sha256(content.encode()).hexdigest()
+    name = cred_name   # ``name`` is pyinfra's (the operation's name)
+    have, linked = host.get_fact(CredentialState, dest=dest, cred_name=name, perms=_perms(user, group, mode))
+    if have == want and linked:
+        host.noop(f"credential {dest}.cred is up to date")
+        return
+    tmp = posixpath.join(RUN_STAGING, name + ".upload")
+    yield from _upload_to_run_staging(content, tmp)
+    yield StringCommand(_encrypt_and_link(tmp, dest, name, user, group, mode))
+
+
+class CredentialMatches(FactBase):
+    """Whether ``<dest>.cred`` decrypts to content with a line matching the extended regex
+    ``pattern``, and ``dest`` is the link to its /run copy: "yes"/"no" twice, never a line."""
+
+    def command(self, dest: str, cred_name: str, pattern: str) -> str:
+        name = cred_name   # ``name`` is pyinfra's
+        cred, run = shlex.quote(dest + ".cred"), shlex.quote(posixpath.join(RUN_DIR, name))
+        return (f"c=no; [ -f {cred} ] && systemd-creds decrypt --name={shlex.quote(name)} {cred} - "
+                f"2>/dev/null | grep -qE {shlex.quote(pattern)} && c=yes; "
+                f"l=no; [ \"$(readlink {shlex.quote(dest)})\" = {run} ] && "
+                f"grep -qE {shlex.quote(pattern)} {run} 2>/dev/null && l=yes; echo \"$c $l\"")
+
+    def process(self, output: list[str]) -> tuple[bool, bool]:
+        made, linked = (output[-1].split() + ["", ""])[:2] if output else ("no", "no")
+        return made == "yes", linked == "yes"
+
+
+@operation()
+def generated_credential(dest: str, cred_name: str, check: str, make: str):
+    """A secret made on the host, never sent anywhere, as a credential (``credential_file``'s
+    layout, root 0600): ``make`` is a shell command that prints it, run once. ``check`` is an
+    extended regex a valid secret has a line matching. A valid credential is kept (only its /run
+    copy and link made again), a valid old plaintext ``dest`` is encrypted as it is (the same
+    key) and shredded; only when neither exists is a new one made."""
+    name = cred_name   # ``name`` is pyinfra's
+    made, linked = host.get_fact(CredentialMatches, dest=dest, cred_name=name, pattern=check)
+    if made and linked:
+        host.noop(f"credential {dest}.cred exists")
+        return
+    tmp = posixpath.join(RUN_STAGING, name + ".new")
+    cred, pattern = shlex.quote(dest + ".cred"), shlex.quote(check)
+    decrypt = f"systemd-creds decrypt --name={shlex.quote(name)} {cred}"
     yield StringCommand(
-        f"umask 077; systemd-creds encrypt --name={shlex.quote(name)} {tmp} {cred}.new && "
-        f"mv -f {cred}.new {cred} && chown root:root {tmp} && chmod 600 {tmp} && mv -f {tmp} {run} && "
-        f"if [ -f {dest} ] && [ ! -L {dest} ]; then shred -u {dest}; fi && ln -sfn {run} {dest}")
+        _run_dirs() + f" && rm -f {tmp} && "
+        f"if [ -f {cred} ] && {decrypt} - 2>/dev/null | grep -qE {pattern}; then {decrypt} {tmp}; "
+        f"elif [ -f {dest} ] && [ ! -L {dest} ] && grep -qE {pattern} {dest}; then cat {dest} > {tmp}; "
+        f"else ( {make} ) > {tmp}; fi && grep -qE {pattern} {tmp} && "
+        + _encrypt_and_link(tmp, dest, name, "root", "root", "600"))
+
+
+@operation()
+def encrypted_credential(content: str, cred: str, cred_name: str):
+    """``content`` as the systemd credential ``cred`` only, with no /run copy: for a unit's
+    ``LoadCredentialEncrypted=<cred_name>:<cred>``, which decrypts it into the unit's own
+    ``$CREDENTIALS_DIRECTORY`` when it starts. Compared by the hash of the decrypted
+    credential, never shown."""
+    want = hashlib.sha256(content.encode()).hexdigest()
+    name = cred_name   # ``name`` is pyinfra's
+    dest = cred[:-len(".cred")] if cred.endswith(".cred") else cred
+    have, _ = host.get_fact(CredentialState, dest=dest, cred_name=name)
+    if have == want:
+        host.noop(f"credential {cred} is up to date")
+        return
+    tmp = posixpath.join(RUN_STAGING, name + ".upload")
+    yield from _upload_to_run_staging(content, tmp)
+    yield StringCommand(f"umask 077; systemd-creds encrypt --name={shlex.quote(name)} {tmp} "
+                        f"{shlex.quote(dest + '.cred')}.new && mv -f {shlex.quote(dest + '.cred')}.new "
+                        f"{shlex.quote(dest + '.cred')} && rm -f {tmp}")
+
+
+class CredentialLeft(FactBase):
+    """Whether anything of a credential is left: ``<dest>.cred``, or ``dest`` as a link."""
+
+    def command(self, dest: str) -> str:
+        return (f"if [ -e {shlex.quote(dest + '.cred')} ] || [ -L {shlex.quote(dest)} ]; "
+                "then echo yes; else echo no; fi")
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[-1].strip() == "yes"
+
+
+@operation()
+def no_credential(dest: str):
+    """No credential at ``dest`` (a secret that became a plain file, or went): ``<dest>.cred``,
+    the link ``dest`` and its /run copy removed, so a plain file can be written there (not
+    through the link into /run) and a reboot decrypts nothing old."""
+    if not host.get_fact(CredentialLeft, dest=dest):
+        host.noop(f"no credential at {dest}")
+        return
+    d = shlex.quote(dest)
+    yield StringCommand(f"if [ -L {d} ]; then t=$(readlink {d}); case \"$t\" in {RUN_DIR}/*) rm -f \"$t\";; esac; "
+                        f"rm -f {d}; fi; rm -f {shlex.quote(dest + '.cred')}")
 
 
 CREDENTIALS_SCRIPT = f"""#!/bin/sh
 # Managed by gpuserve (pyinfra): decrypt the gpuserve credentials in the directories given
 # (systemd-creds: <file>.cred beside the link <file> -> {RUN_DIR}/<name>) into {RUN_DIR} (tmpfs),
-# as a service's ExecStartPre=+ before it reads them (after a reboot /run is empty).
+# with the .cred file's owner and mode, as a service's ExecStartPre=+ before it reads them
+# (after a reboot /run is empty). Fails when a link into {RUN_DIR} is left without its file:
+# no service starts without its secret.
 set -eu
 umask 077
 mkdir -p {RUN_DIR}
-chmod 700 {RUN_DIR}
+chmod 711 {posixpath.dirname(RUN_DIR)} {RUN_DIR}
 for dir in "$@"; do
   for cred in "$dir"/*.cred; do
     [ -f "$cred" ] || continue
     target=$(readlink "${{cred%.cred}}") || continue
     name=$(basename "$target")
     systemd-creds decrypt --name="$name" "$cred" "$target.new"
+    chown --reference="$cred" "$target.new"
+    chmod --reference="$cred" "$target.new"
     mv -f "$target.new" "$target"
+  done
+  for link in "$dir"/*; do
+    [ -L "$link" ] || continue
+    case $(readlink "$link") in
+      {RUN_DIR}/*) [ -f "$link" ] || {{ echo "gpuserve: $link has no credential to decrypt" >&2; exit 1; }} ;;
+    esac
   done
 done
 """
 CREDENTIALS_BIN = layout.CREDENTIALS_BIN
 
 
-def credentials_dropin(directory: str, start_pre: str) -> str:
+def credentials_tool() -> None:
+    """Install ``CREDENTIALS_SCRIPT``, which every drop-in and unit that decrypts credentials
+    runs (a changed script needs no restart: it runs when a service starts)."""
+    files.directory(name="gpuserve tools", path=posixpath.dirname(CREDENTIALS_BIN), user="root", group="root",
+                    mode="755")
+    files.put(name="Credentials decrypted into /run before a service starts", src=StringIO(CREDENTIALS_SCRIPT),
+              dest=CREDENTIALS_BIN, user="root", group="root", mode="755")
+
+
+def credentials_dropin(directory: str, start_pre: str | None = None) -> str:
     """A drop-in that decrypts ``directory``'s credentials before the unit's own ExecStartPre=
-    ``start_pre`` (which may read them), as root outside the unit's sandbox (``+``: a TPM2 device
-    and the credential key are out of a confined unit's reach)."""
+    ``start_pre`` (which may read them; None: the unit has none), as root outside the unit's
+    sandbox (``+``: a TPM2 device and the credential key are out of a confined unit's reach)."""
     return templating.render("dropin-credentials.conf.j2", credentials_bin=CREDENTIALS_BIN, directory=directory,
                              start_pre=start_pre)

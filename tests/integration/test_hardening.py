@@ -372,14 +372,15 @@ def test_key_rotation_shows_no_secret_in_any_pyinfra_output(fleet, converged, sa
         fleet["operator_keys"].write_text(OPERATOR_KEY + "\n")
         _converge(sandbox, fleet).check()
     assert _request(sandbox, fleet, "GET", "/v1/models", old)[0] == 200
-    # secrets only in root-only places: 0700 dirs, 0600 files, staged in a 0700 dir
-    # -L: the keys are credentials (issue 29), links to their plaintext in /run, a tmpfs
-    out = sandbox.ssh(fleet["host"], "stat -L -c '%n %a %U' /etc/nginx/gpuserve /etc/gpuserve/.staging "
+    # secrets only in root-only places: 0600 files, staged in a 0700 dir
+    # -L: the keys are credentials (issue 29), links to their plaintext in /run, a tmpfs, where
+    # they are staged too (the engine's secrets.env as well)
+    out = sandbox.ssh(fleet["host"], "stat -L -c '%n %a %U' /etc/nginx/gpuserve /run/gpuserve/.staging "
                       f"/etc/nginx/gpuserve/{DEP}.keys /etc/nginx/gpuserve/{DEP}.operator-keys "
                       f"/etc/nginx/gpuserve/tls.key {layout.deployment_dir(DEP)}/secrets.env").stdout
     modes = dict(line.split(" ", 1) for line in out.splitlines())
     # 0711: nginx's workers stat the drain flag in it by name, and can neither list nor read it
-    assert modes["/etc/nginx/gpuserve"] == "711 root" and modes["/etc/gpuserve/.staging"] == "700 root"
+    assert modes["/etc/nginx/gpuserve"] == "711 root" and modes["/run/gpuserve/.staging"] == "700 root"
     for f, m in modes.items():
         if not f.endswith(("gpuserve", ".staging")):
             assert m == "600 root", (f, m)

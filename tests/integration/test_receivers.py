@@ -3,8 +3,8 @@
 One monitor host, with two real receivers on it: Debian's exim4 (local delivery only) delivering
 to the mailbox of a user `oncall`, and a webhook endpoint (a small HTTP server that appends each
 POST to a file). deploys/monitoring.py writes alertmanager.yml from ``alert_receivers``, the
-webhook's URL given as a command (a secret source: alertmanager.yml then is root:prometheus 0640
-and not shown). An alert posted to alertmanager's API, as Prometheus posts one, arrives in the
+webhook's URL given as a command (a secret source: alertmanager.yml then is a systemd credential,
+decrypted root:prometheus 0640 into /run, and not shown). An alert posted to alertmanager's API, as Prometheus posts one, arrives in the
 mailbox and at the webhook. With ``alertmanager_managed = False`` the converge leaves a
 hand-edited alertmanager.yml alone.
 
@@ -74,10 +74,13 @@ def converged(monitor, sandbox):
 
 
 def test_a_fired_alert_arrives_in_the_mailbox_and_at_the_webhook(monitor, converged, sandbox):
-    assert "alertmanager.yml with the receivers' secrets (0640, not shown)" in converged.output
+    assert "alertmanager.yml with the receivers' secrets (encrypted, not shown)" in converged.output
     assert f"127.0.0.1:{HOOK_PORT}/alerts" not in converged.output
-    mode = sandbox.ssh(monitor, "stat -c '%U:%G %a' /etc/prometheus/alertmanager.yml").stdout.split()
-    assert mode == ["root:prometheus", "640"]
+    # a credential at rest (issue 29): the file is a link to its decrypted copy in /run
+    mode = sandbox.ssh(monitor, "stat -L -c '%U:%G %a' /etc/prometheus/alertmanager.yml; "
+                                "readlink /etc/prometheus/alertmanager.yml; "
+                                "test -f /etc/prometheus/alertmanager.yml.cred && echo cred").stdout.split()
+    assert mode == ["root:prometheus", "640", "/run/gpuserve/secrets/alertmanager.yml", "cred"]
     # as Prometheus does: an alert posted to alertmanager's API
     sandbox.ssh(monitor, "amtool --alertmanager.url=http://127.0.0.1:9093 alert add "
                          f"alertname={ALERT} severity=critical host={monitor.name} "

@@ -140,7 +140,7 @@ def test_the_installed_wheel_finds_its_templates(wheels, tmp_path):
     site = tmp_path / "site"
     wheels["gpuserve"].extractall(site)
     code = ("import gpuserve.templating as t, sys; print(t.TEMPLATES); "
-            "print(t.render('gpuserve-weights-fetch.service.j2', label='L', agent='A', job='J', repo_dir='R'))")
+            "print(t.render('gpuserve-weights-fetch.service.j2', label='L', agent='A', job='J', repo_dir='R', credential='C', credential_file='F'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site)},
                          capture_output=True, text=True, check=True).stdout
     where, text = out.split("\n", 1)

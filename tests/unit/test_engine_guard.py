@@ -84,7 +84,7 @@ def _unit_with(**kw) -> str:
         "gpuserve.service.j2", deployment="m", engine="vllm", deployment_dir="/d", current="/d/current", secrets_env="/d/s",
         user_name="gpuserve", group_name="gpuserve", home="/h", cache="/c", start_timeout_s=60,
         stop_timeout_s=60, devices=[], supplementary_groups=[], after=[], loopback_only=True,
-        guard=engine_guard.UNIT, **{"listeners": None, **kw})
+        guard=engine_guard.UNIT, credentials_bin="/opt/gpuserve/bin/gpuserve-credentials", **{"listeners": None, **kw})
 
 
 def test_engines_require_the_guard_unit():
@@ -158,3 +158,13 @@ def test_the_gateway_guard_lets_only_root_and_nginx_open_smg_and_smg_requires_it
                                 health_failures=1, smg_version="1.13.0", workers_ca_file=None, addresses=())
     unit = gateway.unit(g, "/v")
     assert "Requires=gpuserve-gateway-guard.service\nAfter=gpuserve-gateway-guard.service\n" in unit
+
+
+def test_the_engine_decrypts_its_secrets_before_anything_else_starts():
+    """Issue 29: secrets.env is a link to a /run copy of a credential; the unit's first
+    ExecStartPre=+ decrypts it (and fails without it), and systemd reads the file again before
+    ExecStart, so the EnvironmentFile= may be missing for that first command only."""
+    unit = _unit_with(listeners="/d/listeners.nft")
+    creds = unit.index("ExecStartPre=+/opt/gpuserve/bin/gpuserve-credentials /d\n")
+    assert "EnvironmentFile=-/d/s\n" in unit and creds < unit.index("ExecStartPre=+/usr/sbin/nft")
+    assert creds < unit.index("ExecStart=/d/current/launch")

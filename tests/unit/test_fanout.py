@@ -173,3 +173,24 @@ def test_the_agents_rate_is_over_its_last_window_not_since_the_start():
         a.rate(float(t), 100 << 20)
     assert a.rate(200.0, 100 << 20) == 0.0                        # ... shows as 0 B/s, not 0.5
     assert a.rate(230.0, 400 << 20) == pytest.approx(10 << 20, rel=0.05)  # and the pick-up at once
+
+
+# -- issue 29: the fleet key is a systemd credential the fetch unit loads ------------------------
+
+def test_ssh_reads_the_fleet_key_from_the_units_credentials_directory():
+    assert agent.key_path("fleet-key", {"CREDENTIALS_DIRECTORY": "/run/credentials/u.service"}) == \
+        "/run/credentials/u.service/fleet-key"
+    assert agent.key_path("/etc/k", {}) == "/etc/k"   # a job of an older gpuserve: as it is
+    with pytest.raises(RuntimeError, match=r"no \$CREDENTIALS_DIRECTORY: run it as the unit gpuserve-weights-fetch"):
+        agent.key_path("fleet-key", {})
+
+
+def test_the_fetch_unit_loads_the_credential_the_job_names():
+    from gpuserve import layout
+    from gpuserve.layers import fanout as fanout_layer
+
+    unit = fanout_layer.fanout_unit("m@abc", "/srv/nvme/gpuserve/models/m")
+    assert f"LoadCredentialEncrypted={layout.FANOUT_KEY_CREDENTIAL}:{layout.FANOUT_KEY_CRED}\n" in unit
+    assert layout.FANOUT_KEY_CRED == layout.FANOUT_KEY + ".cred"
+    import inspect
+    assert '"key": layout.FANOUT_KEY_CREDENTIAL' in inspect.getsource(fanout_layer.job_for)

@@ -235,7 +235,8 @@ def _unit(devices, loopback_only=True) -> str:
         current="/etc/gpuserve/minimax/current", secrets_env="/etc/gpuserve/minimax/secrets.env",
         user_name="gpuserve", group_name="gpuserve", home="/var/lib/gpuserve", cache="/mnt/nvme/c",
         start_timeout_s=3600, stop_timeout_s=90, devices=devices, supplementary_groups=[], after=[],
-        loopback_only=loopback_only, guard=None, listeners=None)
+        loopback_only=loopback_only, guard=None, listeners=None,
+        credentials_bin="/opt/gpuserve/bin/gpuserve-credentials")
 
 
 def test_engine_unit_is_confined_but_keeps_its_gpus():

@@ -225,3 +225,102 @@ def test_an_up_to_date_credential_is_a_noop():
     fact = secrets_ops.CredentialState()
     assert fact.process(["none no"]) == ("", False)
     assert fact.process(["ab12 yes"]) == ("ab12", True)
+
+
+# -- issue 29: every key encrypted at rest (engine keys, the proxy's copy, the monitor's, the fleet key)
+
+class FactHost(CredHost):
+    """Answers each fact class from ``facts``; records no-ops."""
+
+    def __init__(self, global_args: dict, facts: dict):
+        super().__init__(global_args)
+        self.facts, self.noted = facts, None
+
+    def get_fact(self, cls, **kwargs):
+        self.asked.append((cls, kwargs))
+        return self.facts.get(cls.__name__, "ops" if cls.__name__ == "User" else None)
+
+    def noop(self, message):
+        self.noted = message
+
+
+def _run(op, facts: dict, global_args: dict | None = None, **kwargs) -> tuple[FactHost, list]:
+    h = FactHost(global_args or {}, facts)
+    with ctx_host.use(h):
+        return h, list(op._inner(**kwargs))
+
+
+def test_a_credential_for_a_service_user_has_its_owner_and_mode_on_the_cred_and_the_run_copy():
+    h, commands = _run(secrets_ops.credential_file, {"CredentialState": ("", False)}, content=SECRET,
+                       dest="/etc/prometheus/gpuserve-keys/a-m.key", cred_name="scrape.a-m.key",
+                       user="root", group="prometheus", mode="640")
+    # the fact compares the /run copy's owner and mode too
+    assert ("CredentialState", "root:prometheus:640") in [(c.__name__, k.get("perms")) for c, k in h.asked]
+    last = commands[-1].get_raw_value()
+    # the decrypting script copies them from the .cred file (chown/chmod --reference)
+    assert ("chown root:prometheus /etc/prometheus/gpuserve-keys/a-m.key.cred.new "
+            "/run/gpuserve/.staging/scrape.a-m.key.upload") in last
+    assert "chmod 640 /etc/prometheus/gpuserve-keys/a-m.key.cred.new" in last
+    assert "mv -f /run/gpuserve/.staging/scrape.a-m.key.upload /run/gpuserve/secrets/scrape.a-m.key" in last
+    # /run/gpuserve and its secrets: 0711, so that user reaches its own file by name
+    assert "chmod 711 /run/gpuserve /run/gpuserve/secrets" in commands[0].get_raw_value()
+    assert all(SECRET not in c.get_raw_value() for c in commands if isinstance(c, StringCommand))
+
+
+def test_the_credential_fact_names_the_run_copys_owner_and_mode():
+    cmd = secrets_ops.CredentialState().command("/etc/x/k", "k", "root:prometheus:640")
+    assert "stat -c %U:%G:%a /run/gpuserve/secrets/k" in cmd and "root:prometheus:640" in cmd
+
+
+def test_a_generated_credential_keeps_a_valid_one_then_an_old_plaintext_key_and_makes_one_last():
+    h, commands = _run(secrets_ops.generated_credential, {"CredentialMatches": (False, False)},
+                       dest="/etc/gpuserve/m/secrets.env", cred_name="m.secrets.env",
+                       check="^VLLM_API_KEY=.", make="printf 'VLLM_API_KEY=%s\\n' new")
+    (cmd,) = [c.get_raw_value() for c in commands]
+    keep = cmd.index("systemd-creds decrypt --name=m.secrets.env /etc/gpuserve/m/secrets.env.cred "
+                     "/run/gpuserve/.staging/m.secrets.env.new")
+    plaintext = cmd.index("cat /etc/gpuserve/m/secrets.env > /run/gpuserve/.staging/m.secrets.env.new")
+    made = cmd.index("( printf 'VLLM_API_KEY=%s\\n' new ) > /run/gpuserve/.staging/m.secrets.env.new")
+    assert keep < plaintext < made   # the same key where there is one: nginx's copy stays valid
+    assert "systemd-creds encrypt --name=m.secrets.env" in cmd and "shred -u /etc/gpuserve/m/secrets.env" in cmd
+    assert cmd.endswith("ln -sfn /run/gpuserve/secrets/m.secrets.env /etc/gpuserve/m/secrets.env")
+    h, commands = _run(secrets_ops.generated_credential, {"CredentialMatches": (True, True)},
+                       dest="/etc/gpuserve/m/secrets.env", cred_name="m.secrets.env",
+                       check="^VLLM_API_KEY=.", make="true")
+    assert commands == [] and h.noted == "credential /etc/gpuserve/m/secrets.env.cred exists"
+    fact = secrets_ops.CredentialMatches()
+    assert fact.process(["yes no"]) == (True, False) and fact.process([]) == (False, False)
+    # the fact prints yes/no, never a line of the secret (grep -q)
+    assert "grep -qE" in fact.command("/etc/gpuserve/m/secrets.env", "m.secrets.env", "^VLLM_API_KEY=.")
+
+
+def test_an_encrypted_credential_for_a_unit_has_no_run_copy_and_an_up_to_date_one_is_a_noop():
+    import hashlib
+
+    h, commands = _run(secrets_ops.encrypted_credential, {"CredentialState": ("", False)}, {"_sudo": True},
+                       content=SECRET, cred="/etc/gpuserve/fanout/id_ed25519.cred", cred_name="fleet-key")
+    upload = next(c for c in commands if isinstance(c, FileUploadCommand))
+    assert upload.remote_temp_filename == "/dev/shm/.gpuserve-upload-ops/fleet-key.upload"
+    last = commands[-1].get_raw_value()
+    assert ("systemd-creds encrypt --name=fleet-key /run/gpuserve/.staging/fleet-key.upload "
+            "/etc/gpuserve/fanout/id_ed25519.cred.new") in last
+    assert "/run/gpuserve/secrets" not in last and last.endswith("rm -f /run/gpuserve/.staging/fleet-key.upload")
+    same = (hashlib.sha256(SECRET.encode()).hexdigest(), False)   # no link: none is wanted
+    h, commands = _run(secrets_ops.encrypted_credential, {"CredentialState": same},
+                       content=SECRET, cred="/etc/gpuserve/fanout/id_ed25519.cred", cred_name="fleet-key")
+    assert commands == [] and h.noted == "credential /etc/gpuserve/fanout/id_ed25519.cred is up to date"
+
+
+def test_no_credential_removes_the_cred_the_link_and_its_run_copy_only():
+    h, commands = _run(secrets_ops.no_credential, {"CredentialLeft": False}, dest="/etc/prometheus/alertmanager.yml")
+    assert commands == [] and h.noted
+    h, (cmd,) = _run(secrets_ops.no_credential, {"CredentialLeft": True}, dest="/etc/prometheus/alertmanager.yml")
+    raw = cmd.get_raw_value()
+    assert "/run/gpuserve/secrets/*) rm -f" in raw and raw.endswith("rm -f /etc/prometheus/alertmanager.yml.cred")
+
+
+def test_the_decrypting_script_fails_when_a_link_into_run_has_no_credential():
+    script = secrets_ops.CREDENTIALS_SCRIPT
+    assert 'chown --reference="$cred"' in script and 'chmod --reference="$cred"' in script
+    assert "has no credential to decrypt" in script and "exit 1" in script
+    assert script.index("systemd-creds decrypt") < script.index("has no credential to decrypt")

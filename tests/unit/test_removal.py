@@ -55,11 +55,17 @@ def test_deployment_paths_name_the_layout_and_the_proxy_files():
     paths = removal.deployment_paths("fast", NVME)
     assert paths == (
         "/etc/nginx/conf.d/gpuserve-fast.conf",
-        "/etc/nginx/gpuserve/fast.keys", "/etc/nginx/gpuserve/fast.operator-keys",
-        "/etc/nginx/gpuserve/fast.upstream-auth", "/etc/nginx/gpuserve/fast.drain",
+        # the keys: systemd credentials, the file a link to their /run copy (issue 29)
+        "/etc/nginx/gpuserve/fast.keys", "/etc/nginx/gpuserve/fast.keys.cred",
+        "/etc/nginx/gpuserve/fast.operator-keys", "/etc/nginx/gpuserve/fast.operator-keys.cred",
+        "/etc/nginx/gpuserve/fast.upstream-auth", "/etc/nginx/gpuserve/fast.upstream-auth.cred",
+        "/etc/nginx/gpuserve/fast.drain",
         "/srv/nvme/gpuserve/cache/fast",
         "/var/lib/prometheus/node-exporter/gpuserve-fast.prom",        # the watchdog's textfile
         "/var/lib/prometheus/node-exporter/gpuserve-fast.prom.tmp",
+        # the decrypted copies in /run (gone at a reboot anyway)
+        "/run/gpuserve/secrets/fast.keys", "/run/gpuserve/secrets/fast.operator-keys",
+        "/run/gpuserve/secrets/fast.upstream-auth", "/run/gpuserve/secrets/fast.secrets.env",
         "/etc/systemd/system/gpuserve-fast.service", "/etc/gpuserve/fast",
     )
     # the proxy's shared files are never a deployment's
@@ -125,7 +131,7 @@ def test_decommission_removes_top_directories_once():
     assert "/etc/shadow" not in paths
     assert set(paths) == set(removal.host_paths(NVME))
     assert layout.OPT_DIR in paths and layout.gpuserve_root(NVME) in paths
-    files = {p for p in paths if p.endswith((".conf", ".yml"))}
+    files = {p for p in paths if p.endswith((".conf", ".yml", ".cred"))}
     assert all(removal.is_file(p) == (p in files) for p in paths)
 
 

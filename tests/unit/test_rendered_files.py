@@ -97,6 +97,9 @@ def _other_units() -> dict[str, str]:
         "nginx/nginx.service.d/gpuserve-credentials.conf": secrets_ops.credentials_dropin(
             proxy.NGINX_DIR, proxy.NGINX_TEST),
         "stack/nvidia-dcgm-exporter.service.d/gpuserve-listen.conf": stack.DCGM_EXPORTER_DROPIN_TEXT,
+        # a monitor's scrape keys and alertmanager.yml: credentials decrypted before they start (issue 29)
+        **{f"monitor/{unit}.service.d/gpuserve-credentials.conf": secrets_ops.credentials_dropin(directory)
+           for unit, directory, _ in monitoring.monitor_dropins()},
     }
 
 
