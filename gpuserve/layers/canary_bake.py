@@ -17,7 +17,7 @@ from pyinfra import logger
 
 from gpuserve import canary, monitoring
 from gpuserve.config import HostSettings
-from gpuserve.layers.remote import MoveFailed, run
+from gpuserve.rollout.remote import MoveFailed, run
 from gpuserve.rollout import Move
 
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from gpuserve.config import HostSettings
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, shell
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, shell
 from gpuserve.release_files import gate_command, tools_enabled
 
 

@@ -29,9 +29,9 @@ from gpuserve.layers import cache_seed, canary_bake, rotation, stack_move
 from gpuserve.layers.gate import gate as _gate
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.deployment import Deployment, DeploymentState
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
-from gpuserve.layers.remote import run as _run, shell as _shell
-from gpuserve.rollout import LockHolder, Move, StackMove
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
+from gpuserve.rollout.remote import run as _run, shell as _shell
+from gpuserve.rollout import LockHolder, Move, StackMove, pipeline
 
 
 def _hosts_in_order(state) -> list:
@@ -338,11 +338,16 @@ def _canary_back(batch: list, hosts: dict, settings: dict[str, HostSettings]) ->
                 logger.error(f"    [{move.host}] could not go back: {exc}")
 
 
-def _switch(h, move: Move, current: str, previous: str | None, s: HostSettings) -> None:
+def _switch(h, move: Move, current: str, previous: str | None, s: HostSettings,
+            before_in=None) -> str | None:
+    """The change of a release move: stop, point current (and previous) at releases; then the
+    pipeline's start -> gate -> in (``before_in``: its hook). None when the gate passed and the
+    deployment is back in; else the gate's last line."""
     stop_s = s.deployment(move.deployment).shutdown_timeout_s + COMMAND_TIMEOUT_S
     _run(h, rollout.stop(move.deployment), timeout=stop_s)
     _run(h, " && ".join(rollout.pointer_commands(move.deployment, current, previous)))
-    _run(h, rollout.start(move.deployment))
+    return pipeline.start_gate_in(h, s, [move.deployment], gate=_gate, back_in=rotation.back_in,
+                                  before_in=before_in).get(move.deployment)
 
 
 def _moved_already(h, move: Move) -> bool:
@@ -395,12 +400,13 @@ def _move_deployment(h, move: Move, s: HostSettings) -> None:
     t0 = time.monotonic()
     cache_seed.seed(h, s, move.deployment, move.to_release)
     logger.info(f"    [{h.name}] {move}: stopping, switching, starting")
-    _switch(h, move, move.to_release, move.previous, s)
-    ok, why = _gate(h, s, move.deployment)
-    if ok:
-        logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
-                    f"after {time.monotonic() - t0:.0f} s")
-        rotation.back_in(h, s, move.deployment)
+
+    def ready(passed: list[str]) -> None:
+        if passed:
+            logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
+                        f"after {time.monotonic() - t0:.0f} s")
+    why = _switch(h, move, move.to_release, move.previous, s, before_in=ready)
+    if why is None:
         cache_seed.publish(h, s, move.deployment, move.to_release)
         return
     logger.warning(f"    [{h.name}] {move.deployment} failed its gate on {move.to_release}: {why}")
@@ -410,11 +416,8 @@ def _move_deployment(h, move: Move, s: HostSettings) -> None:
         raise _MoveFailed(f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
                           + ("no other release to go back to" if move.resumes
                              else "it served nothing before") + ", so it stays down")
-    _switch(h, move, old_current, old_previous, s)
-    back, why_back = _gate(h, s, move.deployment)
-    if back:
-        rotation.back_in(h, s, move.deployment)
+    why_back = _switch(h, move, old_current, old_previous, s)
     raise _MoveFailed(
         f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
-        + (f"rolled back to {old_current}, serving again" if back
+        + (f"rolled back to {old_current}, serving again" if why_back is None
            else f"rolled back to {old_current} but it is not ready either ({why_back})"))

@@ -16,7 +16,7 @@ whose change is `apt-get upgrade` within the holds and whose reboot happens only
 kernel was installed, after its GPU driver module (DKMS) was found built for it; it records no
 stack. docs/patching.md.
 
-Every decision reads the host's facts fresh at that moment (gpuserve.layers.remote.fact), with
+Every decision reads the host's facts fresh at that moment (gpuserve.rollout.remote.fact), with
 the same code the GPU-stack layer uses in a converge (gpuserve.operations.gpu_stack). A failure before
 the change puts the host back into rotation on its old stack; a failure after it leaves the host
 out: engines stopped, drain flags kept, and the rollout halts naming the host and the check.
@@ -28,22 +28,22 @@ import json
 import shlex
 import time
 
-import gevent
 from pyinfra import logger
 
 from gpuserve import admission, patch, rollout, stack
 from gpuserve.config import HostSettings
 from gpuserve.facts.kernel import HeldVersions, KernelState
-from gpuserve.layers import remote, rotation
+from gpuserve.layers import rotation
+from gpuserve.rollout import pipeline, remote
+from gpuserve.rollout.pipeline import BOOT_ID  # noqa: F401 - the reboot's command, named in tests
 from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.layers import patch as patch_layer
 from gpuserve.layers.gate import gate
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
 from gpuserve.patch import PatchMove
 from gpuserve.rollout import StackMove
 
 APT_TIMEOUT_S = 1800    # apt-get install of a driver set (DKMS builds the module)
-BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
 
 def target_settings(s: HostSettings, move: StackMove) -> stack.StackSettings:
@@ -115,7 +115,7 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
     if stack.module_differs(loaded, installed):
         if not t.reboot_allowed:
             _stays_out(h, move, "reboot", stack.reboot_refused_message(h.name, "the driver", installed, loaded))
-        _reboot(h, t)
+        pipeline.reboot(h, t.reboot_delay, t.reboot_timeout, "to load the new driver")
     _verify_start_gate_in(h, move, s, t, get, t0, target.label, record=True)
 
 
@@ -177,18 +177,13 @@ def _verify_start_gate_in(h, move: StackMove, s: HostSettings, t: stack.StackSet
                 else stack.record_after(read_record(h), stack.pins(t)))
         run(h, record_command(pins))
 
-    for dep in move.deployments:
-        run(h, rollout.start(dep))
-    for dep in move.deployments:
-        logger.info(f"    [{h.name}] {dep} started; readiness gate")
-        ok, why = gate(h, s, dep)
-        if not ok:
-            for d in move.deployments:
-                shell(h, rollout.stop(d), s.deployment(d).shutdown_timeout_s + COMMAND_TIMEOUT_S)
-            _stays_out(h, move, "gate", f"{dep}: {why}")
-    run(h, f"rm -f {_marker(move)}")
-    for dep in move.deployments:
-        rotation.back_in(h, s, dep)
+
+    def failed(dep: str, why: str) -> None:   # every engine stopped again; the host stays out
+        for d in move.deployments:
+            shell(h, rollout.stop(d), s.deployment(d).shutdown_timeout_s + COMMAND_TIMEOUT_S)
+        _stays_out(h, move, "gate", f"{dep}: {why}")
+    pipeline.start_gate_in(h, s, move.deployments, gate=gate, back_in=rotation.back_in, failed=failed,
+                           before_in=lambda passed: run(h, f"rm -f {_marker(move)}"))
     logger.info(f"    [{h.name}] serves again on {label} after {time.monotonic() - t0:.0f} s")
 
 
@@ -239,7 +234,7 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
         _stays_out(h, move, "reboot", f"{h.name}: kernel {target} is installed ({kernels.running} runs) "
                    "and this host may not be rebooted (reboot: never). Allow it with `reboot: allowed` "
                    "(or `--data reboot=allowed`), or reboot the host yourself and run deploys/patch.py again")
-    _reboot(h, t, f"to boot kernel {target}")
+    pipeline.reboot(h, t.reboot_delay, t.reboot_timeout, f"to boot kernel {target}")
     after = get(KernelState)
     if after.running != target:
         _stays_out(h, move, "verify", f"{h.name}: rebooted into kernel {after.running}, expected {target} "
@@ -252,12 +247,8 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
 
 
 def _serve_again(h, move: StackMove, s: HostSettings) -> None:
-    for dep in move.deployments:
-        run(h, rollout.start(dep))
-    for dep in move.deployments:
-        ok, _ = gate(h, s, dep)
-        if ok:
-            rotation.back_in(h, s, dep)
+    """Nothing changed yet: every deployment back, those whose gate fails stay out."""
+    pipeline.start_gate_in(h, s, move.deployments, gate=gate, back_in=rotation.back_in)
 
 
 def _stays_out(h, move: StackMove, step: str, why: str) -> None:
@@ -273,33 +264,3 @@ def _stays_out(h, move: StackMove, step: str, why: str) -> None:
              else "The host's move is unfinished")
     raise MoveFailed(f"{h.name}: {_title(move)} failed at {step}: {why}. {where}; fix it and run "
                      "the same command again to finish the rollout")
-
-
-def _reboot(h, t: stack.StackSettings, why: str = "to load the new driver") -> None:
-    """Reboot and wait until the host answers with a new boot id (pyinfra's server.reboot, for a
-    host this operation does not run on)."""
-    before = run(h, BOOT_ID).strip()
-    logger.info(f"    [{h.name}] rebooting {why}")
-    shell(h, "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &", COMMAND_TIMEOUT_S)
-    time.sleep(max(t.reboot_delay, 1))
-    deadline = time.monotonic() + t.reboot_timeout
-    h.disconnect()
-    while True:
-        try:
-            with gevent.Timeout(30):
-                h.connect(show_errors=False)
-        except (gevent.Timeout, Exception):   # noqa: BLE001 - still down, or half up
-            pass
-        if h.connected:
-            try:
-                now = run(h, BOOT_ID, timeout=30).strip()
-            except MoveFailed:
-                now = before
-            if now != before:
-                logger.info(f"    [{h.name}] back after its reboot")
-                return
-            h.disconnect()
-        if time.monotonic() > deadline:
-            raise MoveFailed(f"{h.name}: host move failed at reboot: the host did not come back "
-                             f"within reboot_timeout = {t.reboot_timeout} s; it stays out of rotation")
-        time.sleep(1)

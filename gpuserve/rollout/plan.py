@@ -1,25 +1,16 @@
-"""Rolling upgrades and rollbacks: which host moves when, and the commands of one move.
+"""Which host moves when (pure): the moves a rollout plans, and the batches it moves them in.
 
-A move takes one deployment on one host from the release it serves to a target release:
-
-    out of the proxy -> stop (drains) -> switch current -> start -> readiness gate -> back in
-
-Hosts move in batches of ``max_unavailable``, in inventory order. A host whose gate fails goes back
-to the release it served, the rollout stops, and hosts not yet reached are never touched. Pure
-Python; gpuserve.layers.rollout runs it against the hosts.
+A release move takes one deployment on one host from the release it serves to a target release;
+a GPU-stack move (StackMove) or an OS-update move (gpuserve.patch.PatchMove) takes a whole host.
+Hosts move in batches of ``max_unavailable``, in inventory order. Pure Python;
+gpuserve.rollout.pipeline moves one host, gpuserve.layers.rollout runs the batches.
 """
 
 from __future__ import annotations
 
-import json
-import posixpath
 import re
-import shlex
-import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Mapping, Sequence
-
-from gpuserve import layout
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -197,168 +188,3 @@ def batches(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: i
     for i in range(0, len(hosts), max_unavailable):
         out.append([m for h in hosts[i:i + max_unavailable] for m in by_host[h]])
     return out
-
-
-# --- the commands of a move (run as root on the host) ------------------------------------------
-
-def drain_flag(deployment: str) -> str:
-    """While this file exists the proxy's /health answers 503: load balancers take the host out.
-    (Beside the proxy's configuration: nginx's workers must be able to see it.)"""
-    return f"/etc/nginx/gpuserve/{deployment}.drain"
-
-
-def pointer_commands(deployment: str, current: str, previous: str | None) -> list[str]:
-    """Point current (and previous) at releases; each an atomic rename over the old link."""
-    d = layout.deployment_dir(deployment)
-    commands = [f"test -f {d}/releases/{current}/release.json",
-                f"ln -sfn releases/{current} {d}/.current.new && mv -T {d}/.current.new {d}/current"]
-    if previous:
-        commands.append(f"ln -sfn releases/{previous} {d}/.previous.new && "
-                        f"mv -T {d}/.previous.new {d}/previous")
-    return commands
-
-
-def out_of_rotation(deployment: str) -> str:
-    return f"touch {drain_flag(deployment)}"
-
-
-def into_rotation(deployment: str) -> str:
-    return f"rm -f {drain_flag(deployment)}"
-
-
-RUNNING_METRICS = ("vllm:num_requests_running", "sglang:num_running_reqs")
-
-
-def running_requests(metrics_url: str) -> str:
-    """Print the engine's running-request gauges (vLLM's or SGLang's), one sample per line."""
-    pattern = "|".join(RUNNING_METRICS)
-    return (f"curl -fsS --max-time 5 {shlex.quote(metrics_url)} | "
-            f"grep -E {shlex.quote('^(' + pattern + ')[{ ]')} || true")
-
-
-def parse_running(text: str) -> int:
-    """Sum of the running-request samples that ``running_requests`` printed (0 when none)."""
-    total = 0.0
-    for line in text.splitlines():
-        parts = line.rsplit(None, 1)
-        if len(parts) == 2 and parts[0].split("{", 1)[0] in RUNNING_METRICS:
-            try:
-                total += float(parts[1])
-            except ValueError:
-                continue
-    return int(total)
-
-
-def stop(deployment: str) -> str:
-    """systemd sends SIGTERM to the engine only; in-flight requests get --shutdown-timeout s."""
-    return f"systemctl stop {layout.unit_name(deployment)}"
-
-
-def start(deployment: str) -> str:
-    unit = layout.unit_name(deployment)
-    return f"systemctl reset-failed {unit} 2>/dev/null; systemctl start --no-block {unit}"
-
-
-def read_pointers(deployment: str) -> str:
-    d = layout.deployment_dir(deployment)
-    return f"echo \"$(readlink {d}/current) $(readlink {d}/previous)\""
-
-
-# --- the fleet-wide rollout lock ----------------------------------------------------------------
-# One rollout at a time: a rollout takes this lock on every host of its run, in inventory order,
-# before its first move, refreshes it at every batch and releases it at the end. A second rollout
-# (another terminal, another control node) finds it held and refuses, naming the holder.
-
-LOCK_FILE = "/var/lib/gpuserve-rollout/lock"   # root-only; not the service user's home
-LOCK_TAKEN, LOCK_HELD = "gpuserve-lock: taken", "gpuserve-lock: held"
-RUN_ID = re.compile(r"r[0-9a-f]{11}")   # a letter first: --data never reads it as a number
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    run: str     # a random id per rollout run (what force_unlock names)
-    who: str     # user@control-node
-    node: str    # the control node's host name
-    pid: int     # the pyinfra process on that node
-    kind: str    # upgrade | rollback | ...
-    since: float  # when it was taken (epoch seconds)
-    beat: float   # last refresh (the rollout refreshes it at every batch)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "LockHolder | None":
-        try:
-            data = json.loads(text)
-            return cls(**{f: data[f] for f in cls.__dataclass_fields__})
-        except (ValueError, TypeError, KeyError):
-            return None
-
-    def describe(self, now: float) -> str:
-        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
-        return (f"{self.kind} run {self.run} by {self.who} (pid {self.pid}) since {since}, "
-                f"last seen {max(0, now - self.beat):.0f} s ago")
-
-
-def _marker(run: str) -> str:
-    """How a run id appears in the lock file (LockHolder.to_json's sorted keys)."""
-    return '"run": "' + run + '"'
-
-
-def _locked(command: str) -> str:
-    """``command`` under the lock directory's mutex (flock): takes, refreshes, breaks and releases
-    never interleave on one host."""
-    d = posixpath.dirname(LOCK_FILE)
-    return (f"mkdir -p {d} && chmod 700 {d} && "
-            f"flock -w 30 {d}/.mutex sh -c {shlex.quote(command)}")
-
-
-def lock_take(holder: LockHolder) -> str:
-    """Create the lock whole and at once (a private temp file, then a hard link, which fails if
-    the lock exists), or print who holds it."""
-    q = shlex.quote
-    tmp = f"{LOCK_FILE}.{holder.run}"
-    return _locked(
-        f"umask 077; printf '%s\\n' {q(holder.to_json())} > {tmp} && "
-        f"if ln {tmp} {LOCK_FILE} 2>/dev/null; then rm -f {tmp}; echo {q(LOCK_TAKEN)}; "
-        f"else rm -f {tmp}; echo {q(LOCK_HELD)}; cat {LOCK_FILE}; fi")
-
-
-def lock_replace(old_run: str, holder: LockHolder) -> str:
-    """Write ``holder`` over the lock only while it still names ``old_run`` (a refresh of our own
-    lock, or breaking a stale one); exits non-zero when somebody else holds it by then."""
-    q = shlex.quote
-    tmp = f"{LOCK_FILE}.{holder.run}"
-    return _locked(f"umask 077; grep -qF {q(_marker(old_run))} {LOCK_FILE} && "
-                   f"printf '%s\\n' {q(holder.to_json())} > {tmp} && mv -f {tmp} {LOCK_FILE}")
-
-
-def lock_release(run: str) -> str:
-    """Remove the lock only if this run holds it."""
-    q = shlex.quote
-    return _locked(f"if grep -qF {q(_marker(run))} {LOCK_FILE} 2>/dev/null; "
-                   f"then rm -f {LOCK_FILE}; fi")
-
-
-def parse_lock_output(output: str) -> tuple[bool, LockHolder | None]:
-    """``lock_take``'s output -> (taken, the holder when it was held)."""
-    lines = output.strip().splitlines()
-    if lines and lines[0] == LOCK_TAKEN:
-        return True, None
-    return False, LockHolder.from_json("\n".join(lines[1:]))
-
-
-def stale_reason(held: LockHolder | None, me: LockHolder, now: float, stale_after_s: int,
-                 force_unlock: str | None, pid_alive: Callable[[int], bool]) -> str | None:
-    """Why a held lock may be broken, or None when it must be respected."""
-    if held is None:
-        return "the lock file is unreadable (not written by gpuserve, or cut short)"
-    if force_unlock is not None and force_unlock == held.run:
-        return f"force_unlock={held.run} names it"
-    if held.node == me.node and not pid_alive(held.pid):
-        return f"its rollout (pid {held.pid} on this control node) is gone"
-    if now - held.beat > stale_after_s:
-        return (f"not refreshed for {now - held.beat:.0f} s, longer than rollout_lock_stale_s "
-                f"({stale_after_s} s)")
-    return None
