@@ -30,7 +30,7 @@ def bake_s(settings: dict[str, HostSettings], batch: list) -> int:
 
 
 def _judged(m) -> bool:
-    return isinstance(m, Move) and not m.resumes and m.from_release is not None
+    return m.bakes
 
 
 def monitors(settings: dict[str, HostSettings]) -> list[str]:

@@ -22,7 +22,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import python
 
-from gpuserve import layout, patch, rollout
+from gpuserve import layout, rollout
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan
 from gpuserve.layers import cache_seed, canary_bake, rotation, stack_move
@@ -31,7 +31,7 @@ from gpuserve.layers.context import all_settings
 from gpuserve.facts.deployment import Deployment, DeploymentState
 from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
 from gpuserve.rollout.remote import run as _run, shell as _shell
-from gpuserve.rollout import LockHolder, Move, StackMove, pipeline
+from gpuserve.rollout import LockHolder, Move, pipeline
 
 
 def _hosts_in_order(state) -> list:
@@ -67,15 +67,17 @@ def _roll(state, host, kind: str) -> bool:
     moves = [m for name in order for m in state._gpuserve_moves.get(name, [])]
     # a percentage counts the hosts in this run (pyinfra's --limit narrows it); the strictest wins
     # hosts of role groups (gateway, monitor) do not count towards max_unavailable nor set it (in a
-    # patch they move one at a time, after the serving hosts: gpuserve.patch.batches)
+    # patch they move one at a time, after the serving hosts: gpuserve.rollout.plan.batches)
     serving = [n for n in order if settings[n].serves] or order
     max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(serving)) for n in serving),
                           default=1)
     skipped = _skipped_hosts(state, kind, settings)
     if skipped is None:
         return False
-    canaries = 1
-    if kind == "upgrade":   # the first batches are the canaries (docs/monitoring.md, "Canary")
+    canaries = 0
+    # serving hosts max_unavailable at a time; hosts of a role (a patch's gateways and monitors) last
+    plan = rollout.batches(moves, order, max_unavailable)
+    if rollout.run_kind(kind).canaries:   # the first batches are the canaries (docs/monitoring.md)
         per_kind = min((settings[n].monitor.canary_hosts for n in serving), default=1)
         # one canary (or canary_hosts) per hardware kind; never more hosts out than max_unavailable
         plan, canaries = rollout.canary_plan(moves, order, max_unavailable, min(per_kind, max_unavailable),
@@ -84,10 +86,6 @@ def _roll(state, host, kind: str) -> bool:
         if why:
             logger.error(f"--> {why}")
             return False
-    elif kind == "patch":   # serving hosts, then monitor hosts, then gateways one at a time
-        plan = patch.batches(moves, order, max_unavailable)
-    else:
-        plan = rollout.batches(moves, order, max_unavailable)
     stranding = rollout.reboot_refusals(moves, {n: settings[n].stack.reboot_allowed for n in order})
     if stranding:
         logger.error(f"--> {kind} refused before any host left rotation: " + "; ".join(stranding)
@@ -287,14 +285,15 @@ def _unlock(hosts: list, me: LockHolder) -> None:
 
 def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings],
                   beat=lambda: None, canaries: int = 1) -> None:
-    """Move ``plan`` batch by batch; in an upgrade the first ``canaries`` batches each bake."""
+    """Move ``plan`` batch by batch; the first ``canaries`` batches each bake (an upgrade's: a
+    batch without a release move to judge bakes for 0 s)."""
     hosts = {h.name: h for h in state.inventory}
     for i, batch in enumerate(plan, 1):
         by_host: dict[str, list[Move]] = {}
         for move in batch:
             by_host.setdefault(move.host, []).append(move)
         canary = (f" (canary of {', '.join(sorted({hardware_kind(settings[n]) for n in by_host}))})"
-                  if kind == "upgrade" and i <= canaries and i < len(plan) else "")
+                  if i <= canaries and i < len(plan) else "")
         logger.info(f"--> {kind} batch {i}/{len(plan)}: {', '.join(by_host)}{canary}")
         try:
             beat()
@@ -309,7 +308,7 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
             raise OperationError(
                 f"{kind} halted in batch {i}/{len(plan)}: " + "; ".join(errors)
                 + (f". Not reached, still on their release: {', '.join(untouched)}" if untouched else ""))
-        if i <= canaries and kind == "upgrade" and i < len(plan):
+        if i <= canaries and i < len(plan):
             breaches = canary_bake.bake(settings, batch, hosts)
             if breaches:
                 _canary_back(batch, hosts, settings)
@@ -329,7 +328,7 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
 def _canary_back(batch: list, hosts: dict, settings: dict[str, HostSettings]) -> None:
     """Every canary deployment back to the release it served, host by host (each a move)."""
     for move in batch:
-        if isinstance(move, Move) and move.from_release and not move.resumes:
+        if move.bakes:   # a release move: back to the release it served
             back = canary_bake.reverse(move)
             logger.warning(f"    [{move.host}] canary breach: {back}")
             try:
@@ -385,10 +384,12 @@ def _move_host(h, moves: list[Move], s: HostSettings) -> None:
     gate, that deployment goes back to what it served, and the move stops (raises). A GPU-stack
     move (gpuserve.layers.stack_move) comes first and takes every deployment out at once."""
     for move in rollout.stack_moves_first(moves):
-        if isinstance(move, StackMove):
-            stack_move.move_stack(h, move, s)
-        elif not _moved_already(h, move):
-            _move_deployment(h, move, s)
+        MOVERS[move.change](h, move, s)
+
+
+def _move_release(h, move: Move, s: HostSettings) -> None:
+    if not _moved_already(h, move):
+        _move_deployment(h, move, s)
 
 
 def _move_deployment(h, move: Move, s: HostSettings) -> None:
@@ -421,3 +422,8 @@ def _move_deployment(h, move: Move, s: HostSettings) -> None:
         f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
         + (f"rolled back to {old_current}, serving again" if why_back is None
            else f"rolled back to {old_current} but it is not ready either ({why_back})"))
+
+
+# each reason's move (Move.change, StackMove.change, PatchMove.change): the one place where a
+# move's kind picks its steps (the stack and OS-update moves share theirs: stack_move.CHANGES)
+MOVERS = {"release": _move_release, "stack": stack_move.move_stack, "os-update": stack_move.move_stack}

@@ -19,14 +19,15 @@ from gpuserve.rollout.commands import (RUNNING_METRICS, drain_flag, into_rotatio
                                        running_requests, start, stop)
 from gpuserve.rollout.lock import (LOCK_FILE, LOCK_HELD, LOCK_TAKEN, RUN_ID, LockHolder, lock_release,
                                    lock_replace, lock_take, parse_lock_output, stale_reason)
-from gpuserve.rollout.plan import (PERCENT, Move, StackMove, batch_size, batches, canary_batches,
-                                   canary_hosts_per_kind, canary_plan, fail_budget_refusal, reboot_refusals,
-                                   rollback_move, skipped_message, stack_moves_first, upgrade_move)
+from gpuserve.rollout.plan import (PERCENT, ROLE_ORDER, RUN_KINDS, Move, RunKind, StackMove, batch_size,
+                                   batches, canary_batches, canary_hosts_per_kind, canary_plan,
+                                   fail_budget_refusal, reboot_refusals, rollback_move, run_kind,
+                                   skipped_message, stack_moves_first, upgrade_move)
 
 __all__ = ["RUNNING_METRICS", "drain_flag", "into_rotation", "out_of_rotation", "parse_running",
            "pointer_commands", "read_pointers", "running_requests", "start", "stop",
            "LOCK_FILE", "LOCK_HELD", "LOCK_TAKEN", "RUN_ID", "LockHolder", "lock_release", "lock_replace",
            "lock_take", "parse_lock_output", "stale_reason",
-           "PERCENT", "Move", "StackMove", "batch_size", "batches", "canary_batches", "canary_hosts_per_kind",
+           "PERCENT", "ROLE_ORDER", "RUN_KINDS", "Move", "RunKind", "run_kind", "StackMove", "batch_size", "batches", "canary_batches", "canary_hosts_per_kind",
            "canary_plan", "fail_budget_refusal", "reboot_refusals", "rollback_move", "skipped_message",
            "stack_moves_first", "upgrade_move"]

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from gpuserve import gateway, layout, monitoring
+
 
 @dataclass(frozen=True)
 class Move:
@@ -20,6 +22,14 @@ class Move:
     from_release: str | None
     to_release: str
     previous: str | None   # what ``previous`` points at after the move
+
+    # what every move tells the rollout about itself (class attributes, not fields): its change
+    # step (gpuserve.layers.rollout.MOVERS), whether it takes the whole host out, its reboot, its
+    # role (role hosts move last: batches)
+    change = "release"
+    whole_host = False
+    reboot_needed = ""
+    role = None
 
     @property
     def resumes(self) -> bool:
@@ -31,6 +41,11 @@ class Move:
             return (f"{self.host} {self.deployment}: {self.to_release} is current but not serving "
                     "in rotation (an interrupted rollout): restart, gate, back in")
         return f"{self.host} {self.deployment}: {self.from_release or '(none)'} -> {self.to_release}"
+
+    @property
+    def bakes(self) -> bool:
+        """A canary bake can judge it: a new release against the one it served."""
+        return not self.resumes and self.from_release is not None
 
 
 @dataclass(frozen=True)
@@ -46,13 +61,23 @@ class StackMove:
     rollback: bool = False                  # deploys/rollback.py: the record ends on the target alone
     reboot_needed: str = ""                 # why the move must reboot the host ("" if it need not)
 
+    change = "stack"     # its change step (gpuserve.layers.stack_move.CHANGES)
+    whole_host = True    # every deployment of the host out at once
+    bakes = False        # the release stays: a canary bake cannot tell it apart
+    role = None
+    marker = layout.STACK_MOVING   # began on the host and not finished (a rerun finishes it)
+
     def __str__(self) -> str:
         return f"{self.host} GPU stack -> {self.to_stack} ({self.reason})"
+
+    @property
+    def title(self) -> str:
+        return f"GPU stack move to {self.to_stack}"
 
 
 def stack_moves_first(moves: Sequence) -> list:
     """A host's stack move runs before its release moves (it restarts every engine anyway)."""
-    return sorted(moves, key=lambda m: not isinstance(m, StackMove))
+    return sorted(moves, key=lambda m: not m.whole_host)
 
 
 def upgrade_move(host: str, deployment: str, current: str | None, desired: str,
@@ -145,6 +170,19 @@ def canary_plan(moves: Sequence, host_order: Sequence[str], max_unavailable: int
     return first + batches(rest, host_order, max_unavailable), len(first)
 
 
+@dataclass(frozen=True)
+class RunKind:
+    """What a kind of rollout (upgrade, rollback, patch) does beyond moving hosts in batches."""
+    canaries: bool = False   # its first batches are canaries (canary_plan), each baked before the next
+
+
+RUN_KINDS = {"upgrade": RunKind(canaries=True)}   # a rollback or a patch: plain batches
+
+
+def run_kind(kind: str) -> RunKind:
+    return RUN_KINDS.get(kind, RunKind())
+
+
 def fail_budget_refusal(kind: str, failed: Sequence[str], hosts_in_run: int,
                         max_fail_percentage: int) -> str | None:
     """Why the rollout may not start with ``failed`` hosts (unreachable, or failed to prepare) out
@@ -172,12 +210,27 @@ def reboot_refusals(moves: Sequence, reboot_allowed: Mapping[str, bool]) -> list
     needs a reboot, and the host may not be rebooted. Asked before any host leaves rotation."""
     return [f"{m.host}: {m.reboot_needed} needs a reboot and this host may not be rebooted "
             "(reboot: never)" for m in moves
-            if isinstance(m, StackMove) and m.reboot_needed and not reboot_allowed.get(m.host, False)]
+            if m.reboot_needed and not reboot_allowed.get(m.host, False)]
+
+
+# hosts of role groups move after the serving hosts, one at a time: monitors, then gateways (a
+# gateway's update drops the requests in flight on it; a serving host's move goes out of and back
+# into every gateway, each must answer). Only an OS-update move has a role (gpuserve.patch.role_of)
+ROLE_ORDER = (monitoring.MONITOR_GROUP, gateway.GATEWAY_GROUP)
 
 
 def batches(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: int) -> list[list[Move]]:
     """Group moves by host (all deployments of a host move together), ``max_unavailable`` hosts
-    per batch, hosts in inventory order."""
+    per batch, hosts in inventory order; then the hosts of a role (``role``: ROLE_ORDER), one
+    host per batch."""
+    role = {m.host: m.role for m in moves if m.role}
+    out = _by_host([m for m in moves if m.host not in role], host_order, max_unavailable)
+    for r in ROLE_ORDER:
+        out += _by_host([m for m in moves if role.get(m.host) == r], host_order, 1)
+    return out
+
+
+def _by_host(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: int) -> list[list[Move]]:
     if max_unavailable < 1:
         raise ValueError("max_unavailable must be at least 1")
     by_host: dict[str, list[Move]] = {}
