@@ -100,7 +100,10 @@ start, gate, bake, in
     plan            the moves a rollout plans, their batches, budget and refusals (pure)
     commands        the commands of a move on a host: drain flag, pointers, stop, start (pure)
     lock            the fleet-wide rollout lock's commands and rules (pure)
+    locking         the rollout lock on the hosts: taken, refreshed, broken when stale, released
     pipeline        the steps every host move shares: start, gate and in; the reboot
+    gate            the readiness gate of a move
+    canary_bake     the canary bake after an upgrade's canary batches
     remote          commands a rollout runs on other hosts, each bounded in time
 layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
@@ -120,8 +123,6 @@ layers/: pyinfra ``@deploy`` layers and the rollout's steps
     stack_move      the GPU-stack and OS-update moves of a rollout
     patch           the host's OS-update move, and the gateway and monitor checks during it
     rotation        out, drained and back in: the first and last steps of every move
-    gate            the readiness gate of a move
-    canary_bake     the canary bake after an upgrade's first batch
     cache_seed      a move's engine-cache seed: unpacked before the start, published after the gate
 operations/: gpuserve's own pyinfra ``@operation`` functions, one module per kind of thing changed
     gpu_stack       the GPU stack's package sets, driver reboot, verification and admission, decided

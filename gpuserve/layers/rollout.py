@@ -8,12 +8,8 @@ The plan is computed before anything runs, so ``--dry`` prints it and changes no
 
 from __future__ import annotations
 
-import getpass
-import os
-import socket
 import sys
 import time
-import uuid
 
 import gevent
 from pyinfra import host, logger
@@ -25,10 +21,13 @@ from pyinfra.operations import python
 from gpuserve import layout, rollout
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan
-from gpuserve.layers import cache_seed, canary_bake, rotation, stack_move
-from gpuserve.layers.gate import gate as _gate
+from gpuserve.layers import cache_seed, rotation, stack_move
+from gpuserve.rollout import canary_bake
+from gpuserve.rollout.gate import gate as _gate
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.deployment import Deployment, DeploymentState
+from gpuserve.rollout.locking import beat as _beat, holder as _holder, keep_fresh as _keep_fresh
+from gpuserve.rollout.locking import lock_all as _lock_all, refresh_every_s, unlock as _unlock
 from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
 from gpuserve.rollout.remote import run as _run, shell as _shell
 from gpuserve.rollout import LockHolder, Move, pipeline
@@ -101,7 +100,7 @@ def _roll(state, host, kind: str) -> bool:
         # refreshed at every batch, and every few minutes within one (a batch can outlast the
         # stale limit: several deployments, each a stop and a gate of up to ready_timeout_s)
         stale = min(settings[h.name].rollout_lock_stale_s for h in hosts)
-        refresher = gevent.spawn(_keep_fresh, taken, me, max(5.0, min(stale / 4, 300.0)))
+        refresher = gevent.spawn(_keep_fresh, taken, me, refresh_every_s(stale))
         _roll_batches(state, kind, plan, settings, beat=lambda: _beat(taken, me), canaries=canaries)
     except OperationError as exc:
         logger.error(f"--> {exc}")
@@ -169,7 +168,7 @@ def hold_writer_lock(kind: str) -> None:
         raise PyinfraError(str(exc)) from None
     if writer.refresher is None:
         stale = settings[host.name].rollout_lock_stale_s
-        writer.refresher = gevent.spawn(_keep_fresh, writer.hosts, writer.me, max(5.0, min(stale / 4, 300.0)))
+        writer.refresher = gevent.spawn(_keep_fresh, writer.hosts, writer.me, refresh_every_s(stale))
 
 
 class _Writer(BaseStateCallback):
@@ -189,98 +188,6 @@ class _Writer(BaseStateCallback):
             self.refresher.kill()
         _unlock(self.hosts, self.me)
         self.hosts.clear()
-
-
-def _keep_fresh(hosts: list, me: LockHolder, every_s: float) -> None:
-    while True:
-        gevent.sleep(every_s)
-        try:
-            _beat(hosts, me)
-        except _MoveFailed as exc:   # the next batch's refresh stops the rollout
-            logger.warning(f"    {exc}")
-
-
-# --- the rollout lock (gpuserve.rollout: LockHolder, lock_take, ...) ------------------------------
-
-def _holder(kind: str) -> LockHolder:
-    node = socket.gethostname()
-    now = time.time()
-    return LockHolder(run="r" + uuid.uuid4().hex[:11], who=f"{getpass.getuser()}@{node}", node=node,
-                      pid=os.getpid(), kind=kind, since=now, beat=now)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _lock_all(hosts: list, me: LockHolder, settings: dict[str, HostSettings]) -> list:
-    """Take the lock on every host of the run, in inventory order; on a live lock held by another
-    rollout, give back what was taken and refuse, naming the holder. Returns the hosts locked."""
-    taken: list = []
-    try:
-        for h in hosts:
-            s = settings[h.name]
-            ok, held = rollout.parse_lock_output(_run(h, rollout.lock_take(me)))
-            if not ok:
-                now = time.time()
-                why = rollout.stale_reason(held, me, now, s.rollout_lock_stale_s, s.force_unlock,
-                                           _pid_alive)
-                who = held.describe(now) if held else "an unreadable lock"
-                if why is None:
-                    raise OperationError(
-                        f"{me.kind} refused: {h.name} is locked by {who}; another rollout is moving "
-                        f"hosts. Wait for it to finish. If it is gone for good (its control node "
-                        f"died), break the lock with --data force_unlock={held.run if held else '?'}"
-                        f" (the lock goes stale by itself after rollout_lock_stale_s = "
-                        f"{s.rollout_lock_stale_s} s without a refresh)")
-                logger.warning(f"    [{h.name}] breaking the rollout lock of {who}: {why}")
-                if not _break(h, held, me):
-                    raise OperationError(f"{me.kind} refused: another rollout took the lock on "
-                                         f"{h.name} while this one was breaking the stale one")
-            taken.append(h)
-        logger.info(f"--> rollout lock {me.run} held on {len(taken)} host(s) by {me.who}")
-        return taken
-    except (OperationError, _MoveFailed) as exc:
-        _unlock(taken, me)
-        if isinstance(exc, _MoveFailed):
-            raise OperationError(f"{me.kind} not started: taking the rollout lock failed: {exc}") from None
-        raise
-
-
-def _break(h, held: LockHolder | None, me: LockHolder) -> bool:
-    """Replace a stale lock with ours; False when another rollout got there first."""
-    if held is not None:
-        return _shell(h, rollout.lock_replace(held.run, me), COMMAND_TIMEOUT_S)[0]
-    _run(h, f"rm -f {rollout.LOCK_FILE}")   # unreadable: not a lock any rollout can hold
-    return rollout.parse_lock_output(_run(h, rollout.lock_take(me)))[0]
-
-
-def _beat(hosts: list, me: LockHolder) -> None:
-    """Refresh the lock on every host (each batch), so a long rollout never looks stale."""
-    fresh = LockHolder(**{**me.__dict__, "beat": time.time()})
-    for h in hosts:
-        try:
-            ok, _ = _shell(h, rollout.lock_replace(me.run, fresh), COMMAND_TIMEOUT_S)
-        except _MoveFailed as exc:   # unreachable now: its own move (if any) reports it
-            logger.warning(f"    could not refresh the rollout lock: {exc}")
-            continue
-        if not ok:
-            raise _MoveFailed(f"{h.name}: the rollout lock is no longer this run's ({me.run}); "
-                              "somebody broke it: stopping")
-
-
-def _unlock(hosts: list, me: LockHolder) -> None:
-    for h in hosts:
-        try:
-            _shell(h, rollout.lock_release(me.run), COMMAND_TIMEOUT_S)
-        except _MoveFailed as exc:   # unreachable: the lock stays until it is stale or broken
-            logger.warning(f"    could not release the rollout lock: {exc}")
 
 
 def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings],

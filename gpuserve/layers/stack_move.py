@@ -40,7 +40,7 @@ from gpuserve.rollout import pipeline, remote
 from gpuserve.rollout.pipeline import BOOT_ID  # noqa: F401 - the reboot's command, named in tests
 from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.layers import patch as patch_layer
-from gpuserve.layers.gate import gate
+from gpuserve.rollout.gate import gate
 from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
 from gpuserve.patch import PatchMove
 from gpuserve.rollout import StackMove

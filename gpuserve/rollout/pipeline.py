@@ -7,7 +7,7 @@
 A release move (gpuserve.layers.rollout), a GPU-stack move and an OS-update move
 (gpuserve.layers.stack_move) each bring their deployments back through ``start_gate_in``, and
 reboot a host through ``reboot``. The caller supplies the readiness gate and the way back into
-rotation (gpuserve.layers.gate, gpuserve.layers.rotation.back_in): both read every host's settings
+rotation (gpuserve.rollout.gate, gpuserve.layers.rotation.back_in): both read every host's settings
 through the layer context, which sits above this package.
 """
 

@@ -12,13 +12,16 @@ the inventory a bake is refused unless skipped.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from pyinfra import logger
 
 from gpuserve import canary, monitoring
-from gpuserve.config import HostSettings
+from gpuserve.rollout.plan import Move
 from gpuserve.rollout.remote import MoveFailed, run
-from gpuserve.rollout import Move
+
+if TYPE_CHECKING:
+    from gpuserve.config import HostSettings
 
 
 def bake_s(settings: dict[str, HostSettings], batch: list) -> int:
