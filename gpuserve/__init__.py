@@ -37,8 +37,7 @@ packages engine/ and stack/, below)
     weights         checkpoint revisions on disk: manifests, hardlink or fetch, verification
     engine_cache    engine compile caches shared across hosts: seed names and commands
     removal         what the plan no longer keeps on a host, from its footprint
-Moves (pure: which host moves when, and the commands of one move; docs/rollout.md)
-    rollout         release moves, batches, the rollout lock's commands
+Moves (pure: which host moves when; the moves themselves are in rollout/, below)
     patch           OS and kernel updates as a reason to move a host
     canary          the canary bake's Prometheus queries and their verdicts
 The control node
@@ -97,6 +96,16 @@ recipes/: hardware recipes: settings + a deployment -> the exact serve configura
     flags           ServeConfig, and the flag rules: what each key renders to, forbidden, secret
     render          one deployment rendered: its flags, their checks, its environment and GPU set
     checks          a host's recipe-level problems: hardware, model, engine, backend, the pin
+rollout/: the one host-move pipeline (docs/rollout.md): out, drained, stop, change, reboot, verify,
+start, gate, bake, in
+    plan            the moves a rollout plans, their batches, budget and refusals (pure)
+    commands        the commands of a move on a host: drain flag, pointers, stop, start (pure)
+    lock            the fleet-wide rollout lock's commands and rules (pure)
+    locking         the rollout lock on the hosts: taken, refreshed, broken when stale, released
+    pipeline        the steps every host move shares: start, gate and in; the reboot
+    gate            the readiness gate of a move
+    canary_bake     the canary bake after an upgrade's canary batches
+    remote          commands a rollout runs on other hosts, each bounded in time
 layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified
@@ -115,10 +124,7 @@ layers/: pyinfra ``@deploy`` layers and the rollout's steps
     stack_move      the GPU-stack and OS-update moves of a rollout
     patch           the host's OS-update move, and the gateway and monitor checks during it
     rotation        out, drained and back in: the first and last steps of every move
-    gate            the readiness gate of a move
-    canary_bake     the canary bake after an upgrade's first batch
     cache_seed      a move's engine-cache seed: unpacked before the start, published after the gate
-    remote          commands a rollout runs on other hosts, each bounded in time
 operations/: gpuserve's own pyinfra ``@operation`` functions, one module per kind of thing changed
     gpu_stack       the GPU stack's package sets, driver reboot, verification and admission, decided
                     at execute time (also the host checks a rollout's stack move reads)

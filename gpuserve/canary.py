@@ -1,6 +1,6 @@
 """Canary bake: compare the canary hosts (new release) with the rest (old release) in Prometheus.
 
-Pure: gpuserve.layers.canary_bake asks a monitor host's Prometheus (127.0.0.1:9090 there) with
+Pure: gpuserve.rollout.canary_bake asks a monitor host's Prometheus (127.0.0.1:9090 there) with
 ``query_command`` over the rollout's pyinfra connection and reads it with ``parse_response``.
 deploys/upgrade.py moves the first ``canary_hosts`` hosts, waits ``canary_bake_s``, then runs
 ``bake_checks`` through ``run_checks``: the rollout goes on only when every check holds;

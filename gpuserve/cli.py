@@ -64,7 +64,7 @@ def _ssh_fetch(inventory, monitor: str) -> Iterator[Callable[[list[str]], list[s
     from pyinfra.api.connect import connect_all, disconnect_all
     from pyinfra.api.exceptions import PyinfraError
 
-    from gpuserve.layers.remote import MoveFailed, run
+    from gpuserve.rollout.remote import MoveFailed, run
 
     host = inventory.get_host(monitor)
     state = State(inventory, Config(CONNECT_TIMEOUT=10), initial_limit=[host])

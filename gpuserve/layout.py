@@ -108,6 +108,7 @@ def unit_name(deployment: str) -> str:
 SYSTEMD_DIR = "/etc/systemd/system"
 NGINX_ETC_DIR = "/etc/nginx"
 NGINX_CONF_D = f"{NGINX_ETC_DIR}/conf.d"
+DRAIN_FLAG_DIR = f"{NGINX_ETC_DIR}/gpuserve"   # <deployment>.drain: nginx's workers must see it (rollout)
 NGINX_DEFAULT_SITE = f"{NGINX_ETC_DIR}/sites-enabled/default"   # Debian's; gpuserve removes the link
 NGINX_DROPIN_PATH = f"{SYSTEMD_DIR}/nginx.service.d/gpuserve.conf"   # its text: proxy_conf.NGINX_DROPIN
 NGINX_GPUSERVE_DIR = f"{NGINX_ETC_DIR}/gpuserve"   # the proxy's keys, drain flags, certificate, njs
@@ -138,6 +139,7 @@ SECRETS_STAGING_DIR = f"{ETC_DIR}/.staging"   # root 0700, same filesystem as /e
 DOWNLOADS_DIR = "/var/cache/gpuserve"          # GPU-stack downloads
 ENGINE_LOG_DIR = "/var/log/gpuserve"           # engine build logs (gpuserve.engine.LOG_DIR)
 ROLLOUT_LOCK_DIR = "/var/lib/gpuserve-rollout"   # the rollout lock (gpuserve.rollout.LOCK_FILE)
+ROLLOUT_LOCK_FILE = f"{ROLLOUT_LOCK_DIR}/lock"   # root-only; not the service user's home
 STACK_STATE_DIR = "/var/lib/gpuserve-stack"    # root-only, beside nothing the service user reads
 STACK_RECORD = f"{STACK_STATE_DIR}/record.json"   # the stack a host serves, and the one before
 STACK_MOVING = f"{STACK_STATE_DIR}/moving"        # a stack move began here and has not finished

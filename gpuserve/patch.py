@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from functools import cmp_to_key
 from typing import Iterable, Mapping, Sequence
 
-from gpuserve import gateway, layout, monitoring, rollout
-from gpuserve.rollout import StackMove
+from gpuserve import gateway, layout, monitoring
+from gpuserve.rollout.plan import StackMove
+from gpuserve.rollout.plan import batches  # noqa: F401 - the one batcher: role hosts last (ROLE_ORDER)
 
 # a patch move that began and has not finished (the host is out of rotation): a rerun finishes it
 PATCH_MOVING = layout.PATCH_MOVING
@@ -281,6 +282,9 @@ class PatchMove(StackMove):
     role: str | None = None           # GATEWAY, MONITOR (role_of), or None: a serving host
     units: tuple[str, ...] = ()       # the role's services, active again before the move ends
 
+    change = "os-update"     # its change step (gpuserve.layers.stack_move.CHANGES)
+    marker = PATCH_MOVING
+
     def __str__(self) -> str:
         return f"{self.host} OS updates ({self.reason})"
 
@@ -307,18 +311,6 @@ def role_of(serves: bool, is_gateway: bool) -> str | None:
 def role_units(is_gateway: bool, is_monitor: bool) -> tuple[str, ...]:
     """The services a host's role runs (active again before its patch move ends)."""
     return ((ROLE_UNITS[GATEWAY] if is_gateway else ()) + (ROLE_UNITS[MONITOR] if is_monitor else ()))
-
-
-def batches(moves: Sequence, host_order: Sequence[str], max_unavailable: int) -> list[list]:
-    """The patch rollout's batches: serving hosts first, ``max_unavailable`` at a time in
-    inventory order; then the monitor hosts, then the gateways, one host per batch. A gateway
-    goes last and alone: a serving host's move takes it out of and back into every gateway (each
-    must answer), and a gateway's update drops the requests in flight on it."""
-    role = {m.host: m.role for m in moves if isinstance(m, PatchMove)}
-    out = rollout.batches([m for m in moves if role.get(m.host) is None], host_order, max_unavailable)
-    for r in (MONITOR, GATEWAY):
-        out += rollout.batches([m for m in moves if role.get(m.host) == r], host_order, 1)
-    return out
 
 
 def gateway_units_command() -> str:

@@ -5,7 +5,7 @@ change and a second run is a no-op) and reads facts, never changes a host direct
 
 The custom pyinfra operations the layers call are in gpuserve.operations. Not everything here is a
 layer (gpuserve/__init__.py lists each module): the rollout's modules (rollout, stack_move, patch,
-rotation, gate, canary_bake, remote) do change hosts directly: the rollout is one operation, run
-once, that moves other hosts through commands each bounded in time (gpuserve.layers.remote;
+rotation) and the rollout/ package do change hosts directly: the rollout is one operation, run
+once, that moves other hosts through commands each bounded in time (gpuserve.rollout.remote;
 docs/rollout.md).
 """

@@ -4,7 +4,7 @@ Before a deployment's engine starts on a new release, ``seed`` unpacks the fleet
 release and hardware into the host's cache dir, if the control node holds one; after its gate
 passed, ``publish`` stores the host's cache dir as that seed, if none is stored yet (the first
 host of a release and hardware: a canary, gpuserve.rollout). Names and commands are pure
-(gpuserve.engine_cache); these run them through bounded commands (gpuserve.layers.remote).
+(gpuserve.engine_cache); these run them through bounded commands (gpuserve.rollout.remote).
 Neither step can fail a move or a converge: a seed only saves compile time, so a failed transfer
 is logged and the engine starts (or stays) as it would have without it.
 
@@ -28,8 +28,8 @@ from pyinfra.operations import python
 from gpuserve import engine_cache, layout
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
-from gpuserve.layers import remote
-from gpuserve.layers.remote import MoveFailed, run
+from gpuserve.rollout import remote
+from gpuserve.rollout.remote import MoveFailed, run
 
 UPLOAD = layout.CACHE_SEED_UPLOAD
 

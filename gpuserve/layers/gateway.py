@@ -40,7 +40,7 @@ from gpuserve.layers import proxy as proxy_layer
 from gpuserve.layers.context import all_settings, host_plan
 from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.layers.engine_guard import service_guard
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
 from gpuserve.operations import secrets as secrets_ops
 from gpuserve.operations.venv import smg_venv, uv_binary
 

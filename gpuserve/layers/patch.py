@@ -25,7 +25,7 @@ from gpuserve.facts.apt import AptHolds
 from gpuserve.facts.kernel import KernelState, PendingUpgrades
 from gpuserve.layers.context import all_settings
 from gpuserve.layers.gpu_stack import _state, host_os, recorded_stack
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, shell
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, shell
 from gpuserve.patch import PatchMove
 
 

@@ -8,12 +8,8 @@ The plan is computed before anything runs, so ``--dry`` prints it and changes no
 
 from __future__ import annotations
 
-import getpass
-import os
-import socket
 import sys
 import time
-import uuid
 
 import gevent
 from pyinfra import host, logger
@@ -22,16 +18,19 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import python
 
-from gpuserve import layout, patch, rollout
+from gpuserve import layout, rollout
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan
-from gpuserve.layers import cache_seed, canary_bake, rotation, stack_move
-from gpuserve.layers.gate import gate as _gate
+from gpuserve.layers import cache_seed, rotation, stack_move
+from gpuserve.rollout import canary_bake
+from gpuserve.rollout.gate import gate as _gate
 from gpuserve.layers.context import all_settings
 from gpuserve.facts.deployment import Deployment, DeploymentState
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
-from gpuserve.layers.remote import run as _run, shell as _shell
-from gpuserve.rollout import LockHolder, Move, StackMove
+from gpuserve.rollout.locking import beat as _beat, holder as _holder, keep_fresh as _keep_fresh
+from gpuserve.rollout.locking import lock_all as _lock_all, refresh_every_s, unlock as _unlock
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
+from gpuserve.rollout.remote import run as _run, shell as _shell
+from gpuserve.rollout import LockHolder, Move, pipeline
 
 
 def _hosts_in_order(state) -> list:
@@ -67,15 +66,17 @@ def _roll(state, host, kind: str) -> bool:
     moves = [m for name in order for m in state._gpuserve_moves.get(name, [])]
     # a percentage counts the hosts in this run (pyinfra's --limit narrows it); the strictest wins
     # hosts of role groups (gateway, monitor) do not count towards max_unavailable nor set it (in a
-    # patch they move one at a time, after the serving hosts: gpuserve.patch.batches)
+    # patch they move one at a time, after the serving hosts: gpuserve.rollout.plan.batches)
     serving = [n for n in order if settings[n].serves] or order
     max_unavailable = min((rollout.batch_size(settings[n].max_unavailable, len(serving)) for n in serving),
                           default=1)
     skipped = _skipped_hosts(state, kind, settings)
     if skipped is None:
         return False
-    canaries = 1
-    if kind == "upgrade":   # the first batches are the canaries (docs/monitoring.md, "Canary")
+    canaries = 0
+    # serving hosts max_unavailable at a time; hosts of a role (a patch's gateways and monitors) last
+    plan = rollout.batches(moves, order, max_unavailable)
+    if rollout.run_kind(kind).canaries:   # the first batches are the canaries (docs/monitoring.md)
         per_kind = min((settings[n].monitor.canary_hosts for n in serving), default=1)
         # one canary (or canary_hosts) per hardware kind; never more hosts out than max_unavailable
         plan, canaries = rollout.canary_plan(moves, order, max_unavailable, min(per_kind, max_unavailable),
@@ -84,10 +85,6 @@ def _roll(state, host, kind: str) -> bool:
         if why:
             logger.error(f"--> {why}")
             return False
-    elif kind == "patch":   # serving hosts, then monitor hosts, then gateways one at a time
-        plan = patch.batches(moves, order, max_unavailable)
-    else:
-        plan = rollout.batches(moves, order, max_unavailable)
     stranding = rollout.reboot_refusals(moves, {n: settings[n].stack.reboot_allowed for n in order})
     if stranding:
         logger.error(f"--> {kind} refused before any host left rotation: " + "; ".join(stranding)
@@ -103,7 +100,7 @@ def _roll(state, host, kind: str) -> bool:
         # refreshed at every batch, and every few minutes within one (a batch can outlast the
         # stale limit: several deployments, each a stop and a gate of up to ready_timeout_s)
         stale = min(settings[h.name].rollout_lock_stale_s for h in hosts)
-        refresher = gevent.spawn(_keep_fresh, taken, me, max(5.0, min(stale / 4, 300.0)))
+        refresher = gevent.spawn(_keep_fresh, taken, me, refresh_every_s(stale))
         _roll_batches(state, kind, plan, settings, beat=lambda: _beat(taken, me), canaries=canaries)
     except OperationError as exc:
         logger.error(f"--> {exc}")
@@ -171,7 +168,7 @@ def hold_writer_lock(kind: str) -> None:
         raise PyinfraError(str(exc)) from None
     if writer.refresher is None:
         stale = settings[host.name].rollout_lock_stale_s
-        writer.refresher = gevent.spawn(_keep_fresh, writer.hosts, writer.me, max(5.0, min(stale / 4, 300.0)))
+        writer.refresher = gevent.spawn(_keep_fresh, writer.hosts, writer.me, refresh_every_s(stale))
 
 
 class _Writer(BaseStateCallback):
@@ -193,108 +190,17 @@ class _Writer(BaseStateCallback):
         self.hosts.clear()
 
 
-def _keep_fresh(hosts: list, me: LockHolder, every_s: float) -> None:
-    while True:
-        gevent.sleep(every_s)
-        try:
-            _beat(hosts, me)
-        except _MoveFailed as exc:   # the next batch's refresh stops the rollout
-            logger.warning(f"    {exc}")
-
-
-# --- the rollout lock (gpuserve.rollout: LockHolder, lock_take, ...) ------------------------------
-
-def _holder(kind: str) -> LockHolder:
-    node = socket.gethostname()
-    now = time.time()
-    return LockHolder(run="r" + uuid.uuid4().hex[:11], who=f"{getpass.getuser()}@{node}", node=node,
-                      pid=os.getpid(), kind=kind, since=now, beat=now)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _lock_all(hosts: list, me: LockHolder, settings: dict[str, HostSettings]) -> list:
-    """Take the lock on every host of the run, in inventory order; on a live lock held by another
-    rollout, give back what was taken and refuse, naming the holder. Returns the hosts locked."""
-    taken: list = []
-    try:
-        for h in hosts:
-            s = settings[h.name]
-            ok, held = rollout.parse_lock_output(_run(h, rollout.lock_take(me)))
-            if not ok:
-                now = time.time()
-                why = rollout.stale_reason(held, me, now, s.rollout_lock_stale_s, s.force_unlock,
-                                           _pid_alive)
-                who = held.describe(now) if held else "an unreadable lock"
-                if why is None:
-                    raise OperationError(
-                        f"{me.kind} refused: {h.name} is locked by {who}; another rollout is moving "
-                        f"hosts. Wait for it to finish. If it is gone for good (its control node "
-                        f"died), break the lock with --data force_unlock={held.run if held else '?'}"
-                        f" (the lock goes stale by itself after rollout_lock_stale_s = "
-                        f"{s.rollout_lock_stale_s} s without a refresh)")
-                logger.warning(f"    [{h.name}] breaking the rollout lock of {who}: {why}")
-                if not _break(h, held, me):
-                    raise OperationError(f"{me.kind} refused: another rollout took the lock on "
-                                         f"{h.name} while this one was breaking the stale one")
-            taken.append(h)
-        logger.info(f"--> rollout lock {me.run} held on {len(taken)} host(s) by {me.who}")
-        return taken
-    except (OperationError, _MoveFailed) as exc:
-        _unlock(taken, me)
-        if isinstance(exc, _MoveFailed):
-            raise OperationError(f"{me.kind} not started: taking the rollout lock failed: {exc}") from None
-        raise
-
-
-def _break(h, held: LockHolder | None, me: LockHolder) -> bool:
-    """Replace a stale lock with ours; False when another rollout got there first."""
-    if held is not None:
-        return _shell(h, rollout.lock_replace(held.run, me), COMMAND_TIMEOUT_S)[0]
-    _run(h, f"rm -f {rollout.LOCK_FILE}")   # unreadable: not a lock any rollout can hold
-    return rollout.parse_lock_output(_run(h, rollout.lock_take(me)))[0]
-
-
-def _beat(hosts: list, me: LockHolder) -> None:
-    """Refresh the lock on every host (each batch), so a long rollout never looks stale."""
-    fresh = LockHolder(**{**me.__dict__, "beat": time.time()})
-    for h in hosts:
-        try:
-            ok, _ = _shell(h, rollout.lock_replace(me.run, fresh), COMMAND_TIMEOUT_S)
-        except _MoveFailed as exc:   # unreachable now: its own move (if any) reports it
-            logger.warning(f"    could not refresh the rollout lock: {exc}")
-            continue
-        if not ok:
-            raise _MoveFailed(f"{h.name}: the rollout lock is no longer this run's ({me.run}); "
-                              "somebody broke it: stopping")
-
-
-def _unlock(hosts: list, me: LockHolder) -> None:
-    for h in hosts:
-        try:
-            _shell(h, rollout.lock_release(me.run), COMMAND_TIMEOUT_S)
-        except _MoveFailed as exc:   # unreachable: the lock stays until it is stale or broken
-            logger.warning(f"    could not release the rollout lock: {exc}")
-
-
 def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, HostSettings],
                   beat=lambda: None, canaries: int = 1) -> None:
-    """Move ``plan`` batch by batch; in an upgrade the first ``canaries`` batches each bake."""
+    """Move ``plan`` batch by batch; the first ``canaries`` batches each bake (an upgrade's: a
+    batch without a release move to judge bakes for 0 s)."""
     hosts = {h.name: h for h in state.inventory}
     for i, batch in enumerate(plan, 1):
         by_host: dict[str, list[Move]] = {}
         for move in batch:
             by_host.setdefault(move.host, []).append(move)
         canary = (f" (canary of {', '.join(sorted({hardware_kind(settings[n]) for n in by_host}))})"
-                  if kind == "upgrade" and i <= canaries and i < len(plan) else "")
+                  if i <= canaries and i < len(plan) else "")
         logger.info(f"--> {kind} batch {i}/{len(plan)}: {', '.join(by_host)}{canary}")
         try:
             beat()
@@ -309,7 +215,7 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
             raise OperationError(
                 f"{kind} halted in batch {i}/{len(plan)}: " + "; ".join(errors)
                 + (f". Not reached, still on their release: {', '.join(untouched)}" if untouched else ""))
-        if i <= canaries and kind == "upgrade" and i < len(plan):
+        if i <= canaries and i < len(plan):
             breaches = canary_bake.bake(settings, batch, hosts)
             if breaches:
                 _canary_back(batch, hosts, settings)
@@ -329,7 +235,7 @@ def _roll_batches(state, kind: str, plan: list[list[Move]], settings: dict[str, 
 def _canary_back(batch: list, hosts: dict, settings: dict[str, HostSettings]) -> None:
     """Every canary deployment back to the release it served, host by host (each a move)."""
     for move in batch:
-        if isinstance(move, Move) and move.from_release and not move.resumes:
+        if move.bakes:   # a release move: back to the release it served
             back = canary_bake.reverse(move)
             logger.warning(f"    [{move.host}] canary breach: {back}")
             try:
@@ -338,11 +244,16 @@ def _canary_back(batch: list, hosts: dict, settings: dict[str, HostSettings]) ->
                 logger.error(f"    [{move.host}] could not go back: {exc}")
 
 
-def _switch(h, move: Move, current: str, previous: str | None, s: HostSettings) -> None:
+def _switch(h, move: Move, current: str, previous: str | None, s: HostSettings,
+            before_in=None) -> str | None:
+    """The change of a release move: stop, point current (and previous) at releases; then the
+    pipeline's start -> gate -> in (``before_in``: its hook). None when the gate passed and the
+    deployment is back in; else the gate's last line."""
     stop_s = s.deployment(move.deployment).shutdown_timeout_s + COMMAND_TIMEOUT_S
     _run(h, rollout.stop(move.deployment), timeout=stop_s)
     _run(h, " && ".join(rollout.pointer_commands(move.deployment, current, previous)))
-    _run(h, rollout.start(move.deployment))
+    return pipeline.start_gate_in(h, s, [move.deployment], gate=_gate, back_in=rotation.back_in,
+                                  before_in=before_in).get(move.deployment)
 
 
 def _moved_already(h, move: Move) -> bool:
@@ -380,10 +291,12 @@ def _move_host(h, moves: list[Move], s: HostSettings) -> None:
     gate, that deployment goes back to what it served, and the move stops (raises). A GPU-stack
     move (gpuserve.layers.stack_move) comes first and takes every deployment out at once."""
     for move in rollout.stack_moves_first(moves):
-        if isinstance(move, StackMove):
-            stack_move.move_stack(h, move, s)
-        elif not _moved_already(h, move):
-            _move_deployment(h, move, s)
+        MOVERS[move.change](h, move, s)
+
+
+def _move_release(h, move: Move, s: HostSettings) -> None:
+    if not _moved_already(h, move):
+        _move_deployment(h, move, s)
 
 
 def _move_deployment(h, move: Move, s: HostSettings) -> None:
@@ -395,12 +308,13 @@ def _move_deployment(h, move: Move, s: HostSettings) -> None:
     t0 = time.monotonic()
     cache_seed.seed(h, s, move.deployment, move.to_release)
     logger.info(f"    [{h.name}] {move}: stopping, switching, starting")
-    _switch(h, move, move.to_release, move.previous, s)
-    ok, why = _gate(h, s, move.deployment)
-    if ok:
-        logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
-                    f"after {time.monotonic() - t0:.0f} s")
-        rotation.back_in(h, s, move.deployment)
+
+    def ready(passed: list[str]) -> None:
+        if passed:
+            logger.info(f"    [{h.name}] {move.deployment} ready on {move.to_release} "
+                        f"after {time.monotonic() - t0:.0f} s")
+    why = _switch(h, move, move.to_release, move.previous, s, before_in=ready)
+    if why is None:
         cache_seed.publish(h, s, move.deployment, move.to_release)
         return
     logger.warning(f"    [{h.name}] {move.deployment} failed its gate on {move.to_release}: {why}")
@@ -410,11 +324,13 @@ def _move_deployment(h, move: Move, s: HostSettings) -> None:
         raise _MoveFailed(f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
                           + ("no other release to go back to" if move.resumes
                              else "it served nothing before") + ", so it stays down")
-    _switch(h, move, old_current, old_previous, s)
-    back, why_back = _gate(h, s, move.deployment)
-    if back:
-        rotation.back_in(h, s, move.deployment)
+    why_back = _switch(h, move, old_current, old_previous, s)
     raise _MoveFailed(
         f"{h.name} {move.deployment}: gate failed on {move.to_release} ({why}); "
-        + (f"rolled back to {old_current}, serving again" if back
+        + (f"rolled back to {old_current}, serving again" if why_back is None
            else f"rolled back to {old_current} but it is not ready either ({why_back})"))
+
+
+# each reason's move (Move.change, StackMove.change, PatchMove.change): the one place where a
+# move's kind picks its steps (the stack and OS-update moves share theirs: stack_move.CHANGES)
+MOVERS = {"release": _move_release, "stack": stack_move.move_stack, "os-update": stack_move.move_stack}

@@ -25,7 +25,7 @@ from pyinfra.context import ctx_state
 from gpuserve import gateway, rollout
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers.context import all_settings
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, put_text, run, shell
 from gpuserve.release_files import probe_url
 
 DRAIN_POLL_S = 1.0

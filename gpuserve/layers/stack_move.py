@@ -16,7 +16,7 @@ whose change is `apt-get upgrade` within the holds and whose reboot happens only
 kernel was installed, after its GPU driver module (DKMS) was found built for it; it records no
 stack. docs/patching.md.
 
-Every decision reads the host's facts fresh at that moment (gpuserve.layers.remote.fact), with
+Every decision reads the host's facts fresh at that moment (gpuserve.rollout.remote.fact), with
 the same code the GPU-stack layer uses in a converge (gpuserve.operations.gpu_stack). A failure before
 the change puts the host back into rotation on its old stack; a failure after it leaves the host
 out: engines stopped, drain flags kept, and the rollout halts naming the host and the check.
@@ -27,23 +27,25 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from dataclasses import dataclass
+from typing import Callable
 
-import gevent
 from pyinfra import logger
 
 from gpuserve import admission, patch, rollout, stack
 from gpuserve.config import HostSettings
 from gpuserve.facts.kernel import HeldVersions, KernelState
-from gpuserve.layers import remote, rotation
+from gpuserve.layers import rotation
+from gpuserve.rollout import pipeline, remote
+from gpuserve.rollout.pipeline import BOOT_ID  # noqa: F401 - the reboot's command, named in tests
 from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.layers import patch as patch_layer
-from gpuserve.layers.gate import gate
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
+from gpuserve.rollout.gate import gate
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
 from gpuserve.patch import PatchMove
 from gpuserve.rollout import StackMove
 
 APT_TIMEOUT_S = 1800    # apt-get install of a driver set (DKMS builds the module)
-BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
 
 def target_settings(s: HostSettings, move: StackMove) -> stack.StackSettings:
@@ -72,16 +74,14 @@ def source_commands(t: stack.StackSettings, os: str, deb_arch: str) -> list[str]
 
 
 def move_stack(h, move: StackMove, s: HostSettings) -> None:
-    """Raises MoveFailed naming the host and the step when the move cannot finish. A PatchMove
-    (deploys/patch.py) is the same move with the OS update as its change."""
+    """Raises MoveFailed naming the host and the step when the move cannot finish. The move's
+    reason (``move.change``) picks its steps in CHANGES: a GPU-stack change, or an OS update
+    (a PatchMove, deploys/patch.py); out, drained, stop, verify, start, gate and in are shared."""
+    steps = CHANGES[move.change]
     t = target_settings(s, move)
     get = lambda cls, **kw: remote.fact(h, cls, **kw)   # noqa: E731 - a fresh read every time
     t0 = time.monotonic()
-    if isinstance(move, PatchMove) and move.role == patch.GATEWAY:
-        patch_layer.other_gateways_serve(h, s)   # never the last serving gateway (raises)
-    if not isinstance(move, PatchMove):   # before the host leaves rotation
-        resuming = shell(h, f"test -e {stack.STACK_MOVING}", COMMAND_TIMEOUT_S)[0]
-        plan = _preconditions(h, move, s, t, get, resuming)
+    ready = steps.before_out(h, move, s, t, get)   # checks while the host still serves
     logger.info(f"    [{h.name}] {move}: out of rotation")
     for dep in move.deployments:
         rotation.take_out(h, s, dep)
@@ -89,13 +89,26 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
         rotation.wait_drained(h, s, dep)
     for dep in move.deployments:
         run(h, rollout.stop(dep), timeout=s.deployment(dep).shutdown_timeout_s + COMMAND_TIMEOUT_S)
-    if isinstance(move, PatchMove):
-        _patch(h, move, s, t, get)
-        why = patch_layer.role_ready(h, move, s)   # a gateway's or monitor's services
-        if why:
-            _stays_out(h, move, "verify", why)
-        _verify_start_gate_in(h, move, s, t, get, t0, "the OS update", record=False)
-        return
+    label = steps.change(h, move, s, t, get, ready)   # and its reboot, when one is needed
+    _verify_start_gate_in(h, move, s, t, get, t0, label, record=steps.record)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One reason's steps of a whole-host move (the rest is move_stack's)."""
+    before_out: Callable   # (h, move, s, t, get) -> what change needs; MoveFailed: the host keeps serving
+    change: Callable       # (h, move, s, t, get, ready) -> what the host serves now (a log label)
+    record: bool           # the stack it now serves is recorded (gpuserve.stack.STACK_RECORD)
+
+
+def _stack_preconditions(h, move: StackMove, s: HostSettings, t: stack.StackSettings, get):
+    resuming = shell(h, f"test -e {stack.STACK_MOVING}", COMMAND_TIMEOUT_S)[0]
+    return _preconditions(h, move, s, t, get, resuming)
+
+
+def _install(h, move: StackMove, s: HostSettings, t: stack.StackSettings, get, plan) -> str:
+    """The change of a GPU-stack move: unhold -> install -> hold, then the reboot if the loaded
+    kernel module is not the installed one."""
     target = stack.target(t, move.os)
     run(h, f"mkdir -p -m 700 {stack.STACK_MOVING.rsplit('/', 1)[0]} && touch {stack.STACK_MOVING}")
     install = list(plan.install) + (gpu_ops.companions_for(t.driver_version, target.specs, get)
@@ -115,8 +128,26 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
     if stack.module_differs(loaded, installed):
         if not t.reboot_allowed:
             _stays_out(h, move, "reboot", stack.reboot_refused_message(h.name, "the driver", installed, loaded))
-        _reboot(h, t)
-    _verify_start_gate_in(h, move, s, t, get, t0, target.label, record=True)
+        pipeline.reboot(h, t.reboot_delay, t.reboot_timeout, "to load the new driver")
+    return target.label
+
+
+def _patch_preconditions(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> None:
+    if move.role == patch.GATEWAY:
+        patch_layer.other_gateways_serve(h, s)   # never the last serving gateway (raises)
+
+
+def _update(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get, ready) -> str:
+    """The change of an OS-update move (_patch, with its reboot), then a role's services."""
+    _patch(h, move, s, t, get)
+    why = patch_layer.role_ready(h, move, s)   # a gateway's or monitor's services
+    if why:
+        _stays_out(h, move, "verify", why)
+    return "the OS update"
+
+
+CHANGES = {"stack": Change(_stack_preconditions, _install, record=True),
+           "os-update": Change(_patch_preconditions, _update, record=False)}
 
 
 STACK_FREE_MIB = 2048   # free space a driver set needs: its .debs in apt's cache and DKMS's build
@@ -177,28 +208,14 @@ def _verify_start_gate_in(h, move: StackMove, s: HostSettings, t: stack.StackSet
                 else stack.record_after(read_record(h), stack.pins(t)))
         run(h, record_command(pins))
 
-    for dep in move.deployments:
-        run(h, rollout.start(dep))
-    for dep in move.deployments:
-        logger.info(f"    [{h.name}] {dep} started; readiness gate")
-        ok, why = gate(h, s, dep)
-        if not ok:
-            for d in move.deployments:
-                shell(h, rollout.stop(d), s.deployment(d).shutdown_timeout_s + COMMAND_TIMEOUT_S)
-            _stays_out(h, move, "gate", f"{dep}: {why}")
-    run(h, f"rm -f {_marker(move)}")
-    for dep in move.deployments:
-        rotation.back_in(h, s, dep)
+
+    def failed(dep: str, why: str) -> None:   # every engine stopped again; the host stays out
+        for d in move.deployments:
+            shell(h, rollout.stop(d), s.deployment(d).shutdown_timeout_s + COMMAND_TIMEOUT_S)
+        _stays_out(h, move, "gate", f"{dep}: {why}")
+    pipeline.start_gate_in(h, s, move.deployments, gate=gate, back_in=rotation.back_in, failed=failed,
+                           before_in=lambda passed: run(h, f"rm -f {move.marker}"))
     logger.info(f"    [{h.name}] serves again on {label} after {time.monotonic() - t0:.0f} s")
-
-
-def _marker(move: StackMove) -> str:
-    """The file that says a move of this kind began on the host and has not finished."""
-    return patch.PATCH_MOVING if isinstance(move, PatchMove) else stack.STACK_MOVING
-
-
-def _title(move: StackMove) -> str:
-    return move.title if isinstance(move, PatchMove) else f"GPU stack move to {move.to_stack}"
 
 
 def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> None:
@@ -213,7 +230,7 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
     if not ok and not resuming:   # nothing changed yet: the host serves again, then the rollout halts
         shell(h, f"rm -f {patch.PATCH_MOVING}", COMMAND_TIMEOUT_S)
         _serve_again(h, move, s)
-        raise MoveFailed(f"{h.name}: {_title(move)} failed at update: apt-get update failed "
+        raise MoveFailed(f"{h.name}: {move.title} failed at update: apt-get update failed "
                          f"(nothing was installed; the host serves again): {output.output[-800:]}")
     if ok:
         ok, output = shell(h, patch.APT_UPGRADE, APT_TIMEOUT_S)
@@ -239,7 +256,7 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
         _stays_out(h, move, "reboot", f"{h.name}: kernel {target} is installed ({kernels.running} runs) "
                    "and this host may not be rebooted (reboot: never). Allow it with `reboot: allowed` "
                    "(or `--data reboot=allowed`), or reboot the host yourself and run deploys/patch.py again")
-    _reboot(h, t, f"to boot kernel {target}")
+    pipeline.reboot(h, t.reboot_delay, t.reboot_timeout, f"to boot kernel {target}")
     after = get(KernelState)
     if after.running != target:
         _stays_out(h, move, "verify", f"{h.name}: rebooted into kernel {after.running}, expected {target} "
@@ -252,12 +269,8 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
 
 
 def _serve_again(h, move: StackMove, s: HostSettings) -> None:
-    for dep in move.deployments:
-        run(h, rollout.start(dep))
-    for dep in move.deployments:
-        ok, _ = gate(h, s, dep)
-        if ok:
-            rotation.back_in(h, s, dep)
+    """Nothing changed yet: every deployment back, those whose gate fails stay out."""
+    pipeline.start_gate_in(h, s, move.deployments, gate=gate, back_in=rotation.back_in)
 
 
 def _stays_out(h, move: StackMove, step: str, why: str) -> None:
@@ -271,35 +284,5 @@ def _stays_out(h, move: StackMove, step: str, why: str) -> None:
             logger.warning(f"    {exc}")
     where = ("The host stays out of rotation with its engines stopped" if move.deployments
              else "The host's move is unfinished")
-    raise MoveFailed(f"{h.name}: {_title(move)} failed at {step}: {why}. {where}; fix it and run "
+    raise MoveFailed(f"{h.name}: {move.title} failed at {step}: {why}. {where}; fix it and run "
                      "the same command again to finish the rollout")
-
-
-def _reboot(h, t: stack.StackSettings, why: str = "to load the new driver") -> None:
-    """Reboot and wait until the host answers with a new boot id (pyinfra's server.reboot, for a
-    host this operation does not run on)."""
-    before = run(h, BOOT_ID).strip()
-    logger.info(f"    [{h.name}] rebooting {why}")
-    shell(h, "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &", COMMAND_TIMEOUT_S)
-    time.sleep(max(t.reboot_delay, 1))
-    deadline = time.monotonic() + t.reboot_timeout
-    h.disconnect()
-    while True:
-        try:
-            with gevent.Timeout(30):
-                h.connect(show_errors=False)
-        except (gevent.Timeout, Exception):   # noqa: BLE001 - still down, or half up
-            pass
-        if h.connected:
-            try:
-                now = run(h, BOOT_ID, timeout=30).strip()
-            except MoveFailed:
-                now = before
-            if now != before:
-                logger.info(f"    [{h.name}] back after its reboot")
-                return
-            h.disconnect()
-        if time.monotonic() > deadline:
-            raise MoveFailed(f"{h.name}: host move failed at reboot: the host did not come back "
-                             f"within reboot_timeout = {t.reboot_timeout} s; it stays out of rotation")
-        time.sleep(1)

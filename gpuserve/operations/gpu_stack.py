@@ -46,7 +46,7 @@ def _installed(get) -> dict[str, str]:
 def _plan(specs: list[PackageSpec], family: tuple[str, ...], with_versions: bool = False,
           get=None, installed: dict[str, str] | None = None) -> stack.PackagePlan:
     """The set's plan from facts read now: ``get`` is pyinfra's ``host.get_fact`` inside an
-    operation, or a rollout's fresh read of another host (gpuserve.layers.remote.fact)."""
+    operation, or a rollout's fresh read of another host (gpuserve.rollout.remote.fact)."""
     get = get or host.get_fact
     installed = _installed(get) if installed is None else installed
     held = get(AptHolds)

@@ -14,7 +14,8 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 
 from gpuserve import rollout
-from gpuserve.layers import canary_bake, rotation
+from gpuserve.layers import rotation
+from gpuserve.rollout import canary_bake
 from gpuserve.layers import rollout as layer
 from gpuserve.rollout import Move, StackMove
 

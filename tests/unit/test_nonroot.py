@@ -10,7 +10,7 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 from pyinfra.facts.server import Home
 
-from gpuserve.layers import remote
+from gpuserve.rollout import remote
 from gpuserve.operations import secrets as secrets_ops
 from gpuserve_sandbox import inventory
 from gpuserve_sandbox.hosts import LOGIN_USER
@@ -43,7 +43,7 @@ def test_an_unknown_login_is_refused_naming_the_choices(monkeypatch):
         inventory.login_user()
 
 
-# -- host commands of a rollout (gpuserve.layers.remote) ----------------------------------------
+# -- host commands of a rollout (gpuserve.rollout.remote) ----------------------------------------
 
 class Host:
     def __init__(self, data):
@@ -84,7 +84,7 @@ class UploadHost(Host):
 
 
 def test_a_public_file_is_uploaded_not_put_in_a_command_line_then_renamed():
-    """gpuserve.layers.remote.put_text: a 200 KiB file (the gateway's CA file of about 160 hosts'
+    """gpuserve.rollout.remote.put_text: a 200 KiB file (the gateway's CA file of about 160 hosts'
     certificates) would not fit a command line (128 KiB); it travels over SFTP, with sudo."""
     h = UploadHost({"_sudo": True})
     text = "x" * 200_000

@@ -13,7 +13,7 @@ from gpuserve import patch, rollout, stack
 from gpuserve.facts.kernel import HeldVersions, KernelState, PendingUpgrades
 from gpuserve.layers import rotation
 from gpuserve.layers import stack_move as layer
-from gpuserve.layers.remote import MoveFailed
+from gpuserve.rollout.remote import MoveFailed
 from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.patch import DkmsModule, PatchMove, Upgrade
 from gpuserve.rollout import Move, StackMove, stack_moves_first

@@ -15,7 +15,7 @@ from gpuserve import gateway, patch, stack
 from gpuserve.config import validate_inventory
 from gpuserve.layers import patch as patch_layer
 from gpuserve.layers import stack_move as layer
-from gpuserve.layers.remote import MoveFailed
+from gpuserve.rollout.remote import MoveFailed
 from gpuserve.patch import PatchMove
 from gpuserve.rollout import Move
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpuserve import engine, plan, recipes
 from gpuserve.config import validate_inventory
-from gpuserve.layers import gate
+from gpuserve.rollout import gate
 from gpuserve.release_files import desired_releases
 
 from .helpers import make_inventory

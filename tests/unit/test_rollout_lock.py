@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from gpuserve import rollout
+from gpuserve.rollout import lock as rollout
 from gpuserve.rollout import LockHolder
 
 

@@ -13,7 +13,7 @@ import pytest
 from gpuserve import admission, rollout, stack
 from gpuserve.layers import rotation
 from gpuserve.layers import stack_move as layer
-from gpuserve.layers.remote import MoveFailed
+from gpuserve.rollout.remote import MoveFailed
 from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.rollout import Move, StackMove, batches, stack_moves_first
 

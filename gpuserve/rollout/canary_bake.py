@@ -12,13 +12,16 @@ the inventory a bake is refused unless skipped.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from pyinfra import logger
 
 from gpuserve import canary, monitoring
-from gpuserve.config import HostSettings
-from gpuserve.layers.remote import MoveFailed, run
-from gpuserve.rollout import Move
+from gpuserve.rollout.plan import Move
+from gpuserve.rollout.remote import MoveFailed, run
+
+if TYPE_CHECKING:
+    from gpuserve.config import HostSettings
 
 
 def bake_s(settings: dict[str, HostSettings], batch: list) -> int:
@@ -30,7 +33,7 @@ def bake_s(settings: dict[str, HostSettings], batch: list) -> int:
 
 
 def _judged(m) -> bool:
-    return isinstance(m, Move) and not m.resumes and m.from_release is not None
+    return m.bakes
 
 
 def monitors(settings: dict[str, HostSettings]) -> list[str]:

@@ -1,25 +1,18 @@
-"""Rolling upgrades and rollbacks: which host moves when, and the commands of one move.
+"""Which host moves when (pure): the moves a rollout plans, and the batches it moves them in.
 
-A move takes one deployment on one host from the release it serves to a target release:
-
-    out of the proxy -> stop (drains) -> switch current -> start -> readiness gate -> back in
-
-Hosts move in batches of ``max_unavailable``, in inventory order. A host whose gate fails goes back
-to the release it served, the rollout stops, and hosts not yet reached are never touched. Pure
-Python; gpuserve.layers.rollout runs it against the hosts.
+A release move takes one deployment on one host from the release it serves to a target release;
+a GPU-stack move (StackMove) or an OS-update move (gpuserve.patch.PatchMove) takes a whole host.
+Hosts move in batches of ``max_unavailable``, in inventory order. Pure Python;
+gpuserve.rollout.pipeline moves one host, gpuserve.layers.rollout runs the batches.
 """
 
 from __future__ import annotations
 
-import json
-import posixpath
 import re
-import shlex
-import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
 
-from gpuserve import layout
+from gpuserve import gateway, layout, monitoring
 
 
 @dataclass(frozen=True)
@@ -29,6 +22,14 @@ class Move:
     from_release: str | None
     to_release: str
     previous: str | None   # what ``previous`` points at after the move
+
+    # what every move tells the rollout about itself (class attributes, not fields): its change
+    # step (gpuserve.layers.rollout.MOVERS), whether it takes the whole host out, its reboot, its
+    # role (role hosts move last: batches)
+    change = "release"
+    whole_host = False
+    reboot_needed = ""
+    role = None
 
     @property
     def resumes(self) -> bool:
@@ -40,6 +41,11 @@ class Move:
             return (f"{self.host} {self.deployment}: {self.to_release} is current but not serving "
                     "in rotation (an interrupted rollout): restart, gate, back in")
         return f"{self.host} {self.deployment}: {self.from_release or '(none)'} -> {self.to_release}"
+
+    @property
+    def bakes(self) -> bool:
+        """A canary bake can judge it: a new release against the one it served."""
+        return not self.resumes and self.from_release is not None
 
 
 @dataclass(frozen=True)
@@ -55,13 +61,23 @@ class StackMove:
     rollback: bool = False                  # deploys/rollback.py: the record ends on the target alone
     reboot_needed: str = ""                 # why the move must reboot the host ("" if it need not)
 
+    change = "stack"     # its change step (gpuserve.layers.stack_move.CHANGES)
+    whole_host = True    # every deployment of the host out at once
+    bakes = False        # the release stays: a canary bake cannot tell it apart
+    role = None
+    marker = layout.STACK_MOVING   # began on the host and not finished (a rerun finishes it)
+
     def __str__(self) -> str:
         return f"{self.host} GPU stack -> {self.to_stack} ({self.reason})"
+
+    @property
+    def title(self) -> str:
+        return f"GPU stack move to {self.to_stack}"
 
 
 def stack_moves_first(moves: Sequence) -> list:
     """A host's stack move runs before its release moves (it restarts every engine anyway)."""
-    return sorted(moves, key=lambda m: not isinstance(m, StackMove))
+    return sorted(moves, key=lambda m: not m.whole_host)
 
 
 def upgrade_move(host: str, deployment: str, current: str | None, desired: str,
@@ -154,6 +170,19 @@ def canary_plan(moves: Sequence, host_order: Sequence[str], max_unavailable: int
     return first + batches(rest, host_order, max_unavailable), len(first)
 
 
+@dataclass(frozen=True)
+class RunKind:
+    """What a kind of rollout (upgrade, rollback, patch) does beyond moving hosts in batches."""
+    canaries: bool = False   # its first batches are canaries (canary_plan), each baked before the next
+
+
+RUN_KINDS = {"upgrade": RunKind(canaries=True)}   # a rollback or a patch: plain batches
+
+
+def run_kind(kind: str) -> RunKind:
+    return RUN_KINDS.get(kind, RunKind())
+
+
 def fail_budget_refusal(kind: str, failed: Sequence[str], hosts_in_run: int,
                         max_fail_percentage: int) -> str | None:
     """Why the rollout may not start with ``failed`` hosts (unreachable, or failed to prepare) out
@@ -181,12 +210,27 @@ def reboot_refusals(moves: Sequence, reboot_allowed: Mapping[str, bool]) -> list
     needs a reboot, and the host may not be rebooted. Asked before any host leaves rotation."""
     return [f"{m.host}: {m.reboot_needed} needs a reboot and this host may not be rebooted "
             "(reboot: never)" for m in moves
-            if isinstance(m, StackMove) and m.reboot_needed and not reboot_allowed.get(m.host, False)]
+            if m.reboot_needed and not reboot_allowed.get(m.host, False)]
+
+
+# hosts of role groups move after the serving hosts, one at a time: monitors, then gateways (a
+# gateway's update drops the requests in flight on it; a serving host's move goes out of and back
+# into every gateway, each must answer). Only an OS-update move has a role (gpuserve.patch.role_of)
+ROLE_ORDER = (monitoring.MONITOR_GROUP, gateway.GATEWAY_GROUP)
 
 
 def batches(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: int) -> list[list[Move]]:
     """Group moves by host (all deployments of a host move together), ``max_unavailable`` hosts
-    per batch, hosts in inventory order."""
+    per batch, hosts in inventory order; then the hosts of a role (``role``: ROLE_ORDER), one
+    host per batch."""
+    role = {m.host: m.role for m in moves if m.role}
+    out = _by_host([m for m in moves if m.host not in role], host_order, max_unavailable)
+    for r in ROLE_ORDER:
+        out += _by_host([m for m in moves if role.get(m.host) == r], host_order, 1)
+    return out
+
+
+def _by_host(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: int) -> list[list[Move]]:
     if max_unavailable < 1:
         raise ValueError("max_unavailable must be at least 1")
     by_host: dict[str, list[Move]] = {}
@@ -197,168 +241,3 @@ def batches(moves: Sequence[Move], host_order: Sequence[str], max_unavailable: i
     for i in range(0, len(hosts), max_unavailable):
         out.append([m for h in hosts[i:i + max_unavailable] for m in by_host[h]])
     return out
-
-
-# --- the commands of a move (run as root on the host) ------------------------------------------
-
-def drain_flag(deployment: str) -> str:
-    """While this file exists the proxy's /health answers 503: load balancers take the host out.
-    (Beside the proxy's configuration: nginx's workers must be able to see it.)"""
-    return f"/etc/nginx/gpuserve/{deployment}.drain"
-
-
-def pointer_commands(deployment: str, current: str, previous: str | None) -> list[str]:
-    """Point current (and previous) at releases; each an atomic rename over the old link."""
-    d = layout.deployment_dir(deployment)
-    commands = [f"test -f {d}/releases/{current}/release.json",
-                f"ln -sfn releases/{current} {d}/.current.new && mv -T {d}/.current.new {d}/current"]
-    if previous:
-        commands.append(f"ln -sfn releases/{previous} {d}/.previous.new && "
-                        f"mv -T {d}/.previous.new {d}/previous")
-    return commands
-
-
-def out_of_rotation(deployment: str) -> str:
-    return f"touch {drain_flag(deployment)}"
-
-
-def into_rotation(deployment: str) -> str:
-    return f"rm -f {drain_flag(deployment)}"
-
-
-RUNNING_METRICS = ("vllm:num_requests_running", "sglang:num_running_reqs")
-
-
-def running_requests(metrics_url: str) -> str:
-    """Print the engine's running-request gauges (vLLM's or SGLang's), one sample per line."""
-    pattern = "|".join(RUNNING_METRICS)
-    return (f"curl -fsS --max-time 5 {shlex.quote(metrics_url)} | "
-            f"grep -E {shlex.quote('^(' + pattern + ')[{ ]')} || true")
-
-
-def parse_running(text: str) -> int:
-    """Sum of the running-request samples that ``running_requests`` printed (0 when none)."""
-    total = 0.0
-    for line in text.splitlines():
-        parts = line.rsplit(None, 1)
-        if len(parts) == 2 and parts[0].split("{", 1)[0] in RUNNING_METRICS:
-            try:
-                total += float(parts[1])
-            except ValueError:
-                continue
-    return int(total)
-
-
-def stop(deployment: str) -> str:
-    """systemd sends SIGTERM to the engine only; in-flight requests get --shutdown-timeout s."""
-    return f"systemctl stop {layout.unit_name(deployment)}"
-
-
-def start(deployment: str) -> str:
-    unit = layout.unit_name(deployment)
-    return f"systemctl reset-failed {unit} 2>/dev/null; systemctl start --no-block {unit}"
-
-
-def read_pointers(deployment: str) -> str:
-    d = layout.deployment_dir(deployment)
-    return f"echo \"$(readlink {d}/current) $(readlink {d}/previous)\""
-
-
-# --- the fleet-wide rollout lock ----------------------------------------------------------------
-# One rollout at a time: a rollout takes this lock on every host of its run, in inventory order,
-# before its first move, refreshes it at every batch and releases it at the end. A second rollout
-# (another terminal, another control node) finds it held and refuses, naming the holder.
-
-LOCK_FILE = "/var/lib/gpuserve-rollout/lock"   # root-only; not the service user's home
-LOCK_TAKEN, LOCK_HELD = "gpuserve-lock: taken", "gpuserve-lock: held"
-RUN_ID = re.compile(r"r[0-9a-f]{11}")   # a letter first: --data never reads it as a number
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    run: str     # a random id per rollout run (what force_unlock names)
-    who: str     # user@control-node
-    node: str    # the control node's host name
-    pid: int     # the pyinfra process on that node
-    kind: str    # upgrade | rollback | ...
-    since: float  # when it was taken (epoch seconds)
-    beat: float   # last refresh (the rollout refreshes it at every batch)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "LockHolder | None":
-        try:
-            data = json.loads(text)
-            return cls(**{f: data[f] for f in cls.__dataclass_fields__})
-        except (ValueError, TypeError, KeyError):
-            return None
-
-    def describe(self, now: float) -> str:
-        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
-        return (f"{self.kind} run {self.run} by {self.who} (pid {self.pid}) since {since}, "
-                f"last seen {max(0, now - self.beat):.0f} s ago")
-
-
-def _marker(run: str) -> str:
-    """How a run id appears in the lock file (LockHolder.to_json's sorted keys)."""
-    return '"run": "' + run + '"'
-
-
-def _locked(command: str) -> str:
-    """``command`` under the lock directory's mutex (flock): takes, refreshes, breaks and releases
-    never interleave on one host."""
-    d = posixpath.dirname(LOCK_FILE)
-    return (f"mkdir -p {d} && chmod 700 {d} && "
-            f"flock -w 30 {d}/.mutex sh -c {shlex.quote(command)}")
-
-
-def lock_take(holder: LockHolder) -> str:
-    """Create the lock whole and at once (a private temp file, then a hard link, which fails if
-    the lock exists), or print who holds it."""
-    q = shlex.quote
-    tmp = f"{LOCK_FILE}.{holder.run}"
-    return _locked(
-        f"umask 077; printf '%s\\n' {q(holder.to_json())} > {tmp} && "
-        f"if ln {tmp} {LOCK_FILE} 2>/dev/null; then rm -f {tmp}; echo {q(LOCK_TAKEN)}; "
-        f"else rm -f {tmp}; echo {q(LOCK_HELD)}; cat {LOCK_FILE}; fi")
-
-
-def lock_replace(old_run: str, holder: LockHolder) -> str:
-    """Write ``holder`` over the lock only while it still names ``old_run`` (a refresh of our own
-    lock, or breaking a stale one); exits non-zero when somebody else holds it by then."""
-    q = shlex.quote
-    tmp = f"{LOCK_FILE}.{holder.run}"
-    return _locked(f"umask 077; grep -qF {q(_marker(old_run))} {LOCK_FILE} && "
-                   f"printf '%s\\n' {q(holder.to_json())} > {tmp} && mv -f {tmp} {LOCK_FILE}")
-
-
-def lock_release(run: str) -> str:
-    """Remove the lock only if this run holds it."""
-    q = shlex.quote
-    return _locked(f"if grep -qF {q(_marker(run))} {LOCK_FILE} 2>/dev/null; "
-                   f"then rm -f {LOCK_FILE}; fi")
-
-
-def parse_lock_output(output: str) -> tuple[bool, LockHolder | None]:
-    """``lock_take``'s output -> (taken, the holder when it was held)."""
-    lines = output.strip().splitlines()
-    if lines and lines[0] == LOCK_TAKEN:
-        return True, None
-    return False, LockHolder.from_json("\n".join(lines[1:]))
-
-
-def stale_reason(held: LockHolder | None, me: LockHolder, now: float, stale_after_s: int,
-                 force_unlock: str | None, pid_alive: Callable[[int], bool]) -> str | None:
-    """Why a held lock may be broken, or None when it must be respected."""
-    if held is None:
-        return "the lock file is unreadable (not written by gpuserve, or cut short)"
-    if force_unlock is not None and force_unlock == held.run:
-        return f"force_unlock={held.run} names it"
-    if held.node == me.node and not pid_alive(held.pid):
-        return f"its rollout (pid {held.pid} on this control node) is gone"
-    if now - held.beat > stale_after_s:
-        return (f"not refreshed for {now - held.beat:.0f} s, longer than rollout_lock_stale_s "
-                f"({stale_after_s} s)")
-    return None

@@ -4,9 +4,13 @@
 
 from __future__ import annotations
 
-from gpuserve.config import HostSettings
-from gpuserve.layers.remote import COMMAND_TIMEOUT_S, shell
+from typing import TYPE_CHECKING
+
 from gpuserve.release_files import gate_command, tools_enabled
+from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, shell
+
+if TYPE_CHECKING:
+    from gpuserve.config import HostSettings
 
 
 def gate(h, s: HostSettings, dep_name: str) -> tuple[bool, str]:
