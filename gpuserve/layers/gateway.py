@@ -33,7 +33,7 @@ from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpuserve import api_keys, engine_guard, gateway as gw, proxy_conf, wheelhouse
+from gpuserve import api_keys, engine_guard, gateway as gw, layout, proxy_conf, wheelhouse
 from gpuserve import engine as eng
 from gpuserve.config import HostSettings, serving_workers
 from gpuserve.layers import proxy as proxy_layer
@@ -180,7 +180,7 @@ def gateway(settings: HostSettings) -> None:
     every = all_settings()
     # --- smg, pinned, in its own venv (uv from the control node; the wheelhouse when set) ---------
     files.directory(name="Engine tools", path=eng.BIN_DIR, user="root", group="root", mode="755")
-    files.directory(name="Engine caches (uv)", path="/opt/gpuserve/cache", user="root", group="root",
+    files.directory(name="Engine caches (uv)", path=f"{layout.OPT_DIR}/cache", user="root", group="root",
                     mode="700")
     uv_binary(name=f"uv {settings.uv_version}", version=settings.uv_version,
               wheelhouse_dir=settings.wheelhouse)
@@ -215,7 +215,7 @@ def gateway(settings: HostSettings) -> None:
                   engine_guard.GATEWAY_TABLE, engine_guard.GATEWAY_RULES_PATH, engine_guard.GATEWAY_UNIT)
     venv_dir = gw.venv_dir(g.smg_version, settings.python_version)
     unit = files.put(name=f"{gw.UNIT} (smg on 127.0.0.1:{g.smg_port}, no secret)",
-                     src=StringIO(gw.unit(g, venv_dir)), dest=f"/etc/systemd/system/{gw.UNIT}",
+                     src=StringIO(gw.unit(g, venv_dir)), dest=layout.systemd_unit_path(gw.UNIT),
                      user="root", group="root", mode="644")
     systemd.daemon_reload(name="Reload systemd units (gateway)", _if=unit.did_change)
     # a new unit, or an smg that is not running, starts from a clean slate: a unit that failed
@@ -239,7 +239,7 @@ def _front(settings: HostSettings) -> None:
     g = settings.gateway
     apt.packages(name=f"nginx, its njs module ({proxy_conf.NJS_PACKAGE}: the message limit) and openssl",
                  packages=["nginx", proxy_conf.NJS_PACKAGE, "openssl"])
-    default_site = files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default",
+    default_site = files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE,
                               present=False)
     files.directory(name="Proxy configuration (0711)", path=NGINX_DIR, user="root", group="root",
                     mode="711")

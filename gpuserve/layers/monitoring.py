@@ -36,8 +36,8 @@ from gpuserve.operations import secrets as secrets_ops
 from gpuserve.layers.engine_guard import service_guard
 from gpuserve.secret_sources import SecretCommand, SecretSourceError
 
-EXPORTERS_DIR = "/etc/nginx/gpuserve-exporters"   # root 0700: its TLS key
-EXPORTERS_CONF = "/etc/nginx/conf.d/gpuserve--exporters.conf"   # no deployment has this name
+EXPORTERS_DIR = layout.EXPORTERS_DIR   # root 0700: its TLS key
+EXPORTERS_CONF = layout.EXPORTERS_CONF   # no deployment has this name
 NO_RECOMMENDS = "--no-install-recommends"
 
 
@@ -109,7 +109,7 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
     apt.packages(name="prometheus-node-exporter, nginx, openssl",
                  packages=["prometheus-node-exporter", "nginx", "openssl"],
                  extra_install_args=NO_RECOMMENDS)
-    files.link(name="No default nginx site", path="/etc/nginx/sites-enabled/default", present=False)
+    files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE, present=False)
     # the same confinement and crash restart as the serving hosts' and the gateway's nginx
     dropin = files.put(name="nginx restarts on failure, confined (systemd drop-in)",
                        src=StringIO(proxy_conf.NGINX_DROPIN), dest=proxy_layer.DROPIN, user="root",
@@ -121,7 +121,7 @@ def node_exporter(settings: HostSettings, all_settings: dict[str, HostSettings])
                      "nginx's TLS front\n"
                      f'ARGS="--web.listen-address=127.0.0.1:{monitoring.NODE_EXPORTER_PORT} '
                      f'--collector.textfile.directory={monitoring.TEXTFILE_DIR}"\n'),
-        dest="/etc/default/prometheus-node-exporter", user="root", group="root", mode="644")
+        dest=layout.NODE_EXPORTER_DEFAULTS, user="root", group="root", mode="644")
     files.directory(name="node-exporter textfile directory", path=monitoring.TEXTFILE_DIR,
                     user="root", group="root", mode="755")
     systemd.service(name="node-exporter running", service="prometheus-node-exporter",
@@ -254,7 +254,7 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
                      f"--config.file={monitoring.PROMETHEUS_YML} "
                      f"--storage.tsdb.path={m.storage_path} "
                      f'--storage.tsdb.retention.time={m.retention}"\n'),
-        dest="/etc/default/prometheus", user="root", group="root", mode="644")
+        dest=layout.PROMETHEUS_DEFAULTS, user="root", group="root", mode="644")
     am_conf = _alertmanager_yml(m)
     am_args = files.put(
         name="alertmanager on loopback, no cluster port",
@@ -262,7 +262,7 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
                      f'ARGS="--web.listen-address=127.0.0.1:{monitoring.ALERTMANAGER_PORT} '
                      f"--cluster.listen-address= "
                      f'--config.file={monitoring.ALERTMANAGER_YML}"\n'),
-        dest="/etc/default/prometheus-alertmanager", user="root", group="root", mode="644")
+        dest=layout.ALERTMANAGER_DEFAULTS, user="root", group="root", mode="644")
     # only root and Prometheus's own user open 9090 and 9093 (any local user could silence
     # every alert: issue 26); Prometheus and alertmanager do not start without the guard
     service_guard("monitor", engine_guard.monitor_guard((monitoring.PROMETHEUS_PORT,

@@ -1,9 +1,9 @@
 """layout.py is the one source of host paths (issue 28).
 
 Every string in gpuserve/ that starts with a host directory gpuserve writes into is in
-gpuserve/layout.py, except the ones listed in PENDING: modules other work was changing when the
-paths moved (docs/rollout.md names the issue). A new path literal elsewhere fails here: put it in
-layout.py and import it. Where a module still spells a path that removal.py takes from layout.py,
+gpuserve/layout.py, except the ones listed in PENDING, which are not gpuserve's (system
+directories a setting may not name, a setting's default). A new path literal elsewhere fails
+here: put it in layout.py and import it. Where a module still spells a path that removal.py takes from layout.py,
 a test below holds the two equal.
 """
 
@@ -21,16 +21,6 @@ PREFIXES = ("/etc/", "/opt/", "/var/", "/run/", "/srv/")
 
 # module (relative to gpuserve/) -> the path literals it may still hold (the start of each string)
 PENDING = {
-    "rollout.py": {"/etc/nginx/gpuserve/", "/var/lib/gpuserve-rollout/lock"},
-    "monitoring.py": {"/etc/prometheus", "/var/lib/prometheus/node-exporter"},
-    "engine/spec.py": {"/run/lock", "/var/log/gpuserve"},
-    "proxy_conf.py": {"/etc/nginx/gpuserve", "/etc/nginx/conf.d/000-gpuserve-common.conf",
-                      "/etc/nginx/conf.d/gpuserve-common.conf"},
-    "gateway.py": {"/etc/nginx/conf.d/gpuserve-gateway.conf"},
-    "layers/gateway.py": {"/opt/gpuserve/cache", "/etc/systemd/system/", "/etc/nginx/sites-enabled/default"},
-    "layers/monitoring.py": {"/etc/nginx/gpuserve-exporters", "/etc/nginx/conf.d/gpuserve--exporters.conf",
-                             "/etc/nginx/sites-enabled/default", "/etc/default/prometheus-node-exporter",
-                             "/etc/default/prometheus", "/etc/default/prometheus-alertmanager"},
     # not gpuserve's paths: the system directories a path setting may not name, a setting's default
     "values.py": {"/var/lib/dpkg", "/var/lib/apt"},
     "schema/keys.py": {"/var/lib/prometheus/metrics2"},

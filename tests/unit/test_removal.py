@@ -273,9 +273,12 @@ def test_the_fleet_tier_paths_match_the_layers_that_make_them():
     assert monitoring.alertmanager_yml().startswith(removal.MANAGED)
     assert gateway.unit(gateway.GatewaySettings(**_gateway_fields()), "/v").startswith(removal.MANAGED)
     layer = Path("gpuserve/layers/monitoring.py").read_text()
-    for default in ("/etc/default/prometheus-node-exporter", "/etc/default/prometheus",
-                    "/etc/default/prometheus-alertmanager"):
-        assert f'dest="{default}"' in layer and default in removal.marked_paths()
+    for name, default in (("NODE_EXPORTER_DEFAULTS", "/etc/default/prometheus-node-exporter"),
+                          ("PROMETHEUS_DEFAULTS", "/etc/default/prometheus"),
+                          ("ALERTMANAGER_DEFAULTS", "/etc/default/prometheus-alertmanager")):
+        # the layer writes layout.py's path (the one source of host paths), which is Debian's file
+        assert getattr(layout, name) == default and f"dest=layout.{name}" in layer
+        assert default in removal.marked_paths()
 
 
 def _gateway_fields() -> dict:
