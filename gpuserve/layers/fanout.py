@@ -90,15 +90,17 @@ def fleet_of(settings: HostSettings) -> Fleet:
     if key not in _fleets:
         everyone = all_settings()
         active = {h.name for h in state.inventory.iter_activated_hosts()}
-        names = [n for n, s in everyone.items() if n in active and s.serves
+        peers = [n for n, s in everyone.items() if s.serves
                  and s.weights_fanout == "hosts" and s.model_repo == settings.model_repo
                  and s.model_revision == settings.model_revision]
+        names = [n for n in peers if n in active]
         target = Target.of(settings)
         manifest = checkpoints.fleet_manifest(target.source, target.sha, target.cache)
         degree = everyone[names[0]].weights_fanout_degree
         plan = fanout.plan(names, {p: f.size for p, f in manifest.files.items()}, degree)
         _fleets[key] = Fleet(tuple(names), {n: address_of(n, everyone[n]) for n in names}, plan,
-                             manifest, fleet_key(target.cache), target.cache)
+                             manifest, fleet_key(target.cache), target.cache,
+                             peers=tuple(sorted({address_of(n, everyone[n]) for n in peers})))
     return _fleets[key]
 
 
@@ -128,7 +130,8 @@ def fleet_key(cache: str) -> str:
 
 def authorized_line(fleet: Fleet, models_dir: str) -> str:
     public = Path(fleet.key + ".pub").read_text().split()
-    sources = ",".join(sorted(set(fleet.addresses.values())))
+    # the inventory's peers, not only the run's hosts: the same line whatever --limit says
+    sources = ",".join(fleet.peers or sorted(set(fleet.addresses.values())))
     command = f"/usr/bin/python3 {layout.AGENT_DIR}/fanout_agent.py serve {shlex.quote(models_dir)}"
     return f'restrict,from="{sources}",command="{command}" {public[0]} {public[1]} gpuserve-fanout\n'
 

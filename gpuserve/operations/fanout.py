@@ -45,6 +45,9 @@ class Fleet:
     manifest: w.Manifest
     key: str              # the fleet's private key file on the control node
     cache: str
+    # every inventory host that stages this revision by fan-out, in the run or not: the
+    # addresses a host lets fetch from it (a run with --limit rewrites no host's authorized_keys)
+    peers: tuple[str, ...] = ()
 
     def sources(self, name: str) -> list[list[dict[str, str]]]:
         return [[{"name": h, "address": self.addresses[h]} for h in chain]

@@ -194,3 +194,18 @@ def test_the_fetch_unit_loads_the_credential_the_job_names():
     assert layout.FANOUT_KEY_CRED == layout.FANOUT_KEY + ".cred"
     import inspect
     assert '"key": layout.FANOUT_KEY_CREDENTIAL' in inspect.getsource(fanout_layer.job_for)
+
+
+def test_a_hosts_authorized_line_names_every_peer_of_the_inventory_whatever_the_limit(tmp_path):
+    """A run with --limit (the live hosts, after one went down) makes the fan-out over the run's
+    hosts only, but the addresses a host lets fetch from it are the inventory's: the same
+    authorized_keys whatever the run's limit, so such a rerun changes nothing
+    (tests/integration/test_fanout.py, test_a_rerun_over_the_live_hosts_changes_nothing)."""
+    from gpuserve.layers import fanout as fanout_layer
+    from gpuserve.operations.fanout import Fleet
+
+    (tmp_path / "k.pub").write_text("ssh-ed25519 AAAAC3Nza gpuserve weights fan-out\n")
+    run = Fleet(("a", "b"), {"a": "10.0.0.2", "b": "10.0.0.3"}, None, None, str(tmp_path / "k"), "/c",
+                peers=("10.0.0.2", "10.0.0.3", "10.0.0.4"))
+    line = fanout_layer.authorized_line(run, "/srv/m")
+    assert 'from="10.0.0.2,10.0.0.3,10.0.0.4"' in line and line.startswith("restrict,")
