@@ -25,6 +25,7 @@ import pytest
 
 from gpuserve import engine as eng
 from gpuserve import layout
+from gpuserve import engine_pins
 from gpuserve import wheelhouse as wh
 from gpuserve_sandbox.hosts import Sandbox
 from gpuserve_sandbox.runner import REPO
@@ -132,7 +133,9 @@ def test_gpu_recipe_plans_the_kernel_download(sandbox, host):
     gpu = eng.EngineSpec(engine="vllm", package="vllm", version="0.33.0", python="3.12",
                          torch_backend="cu130", python_downloads="automatic", excludes=(),
                          kernels=True, uv_version=eng.UV_VERSION, torch_backend_arg=False,
-                         constraints=eng.default_constraints("vllm"))   # cuda-python>=12.8
+                         constraints=eng.default_constraints("vllm"),   # cuda-python>=12.8
+                         # every wheel from PyPI: resolved as PyPI was when the pin was checked
+                         resolved_as_of=engine_pins.resolved_as_of("vllm", "0.33.0"))
     planned = proc.stdout + proc.stderr
     assert (f"Engine venv {gpu.id} (uv venv, uv pip install, vllm download-kernels, "
             "verify, rename)") in planned
