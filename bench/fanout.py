@@ -45,6 +45,8 @@ NVME = "/srv/nvme"  # group_data/sandbox.py
 PLOT = REPO / "bench" / "fanout.png"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 FRESH_LOG = "/var/tmp/gpuserve-bench-fanout-fresh.log"   # the fresh host's converge, line by line
+PACKAGES = "Packages (while the engine venv builds)"   # gpuserve.layers.packages
+BUILT = re.compile(r"engine venv \S+: \[\d+ s\] built ")   # the wait saw the build's last step
 
 
 def extra_arguments(ap) -> None:
@@ -187,6 +189,7 @@ def fresh_host(f, tmp: Path, gib: float, dead: str | None) -> dict:
              "--limit", host.name]
     print(f"\n== fresh host {host.name}: deploys/serve.py, {repo}@{sha[:12]}", flush=True)
     marks: list[tuple[float, str]] = []
+    built = None   # when the wait for the venv's background build printed its last step
     lines = []
     t0 = time.monotonic()
     with pyinfra_in_background(INV, "deploys/serve.py", *extra, instance=f.sandbox.instance,
@@ -197,6 +200,8 @@ def fresh_host(f, tmp: Path, gib: float, dead: str | None) -> dict:
             lines.append(line)
             if "Starting operation:" in line:
                 marks.append((time.monotonic() - t0, line.split("Starting operation:", 1)[1].strip()))
+            elif built is None and BUILT.search(line):
+                built = time.monotonic() - t0
         proc.wait(timeout=60)
     wall = time.monotonic() - t0
     if proc.returncode != 0:
@@ -204,6 +209,8 @@ def fresh_host(f, tmp: Path, gib: float, dead: str | None) -> dict:
     doc = fleet_view.fanout_progress(f.sandbox, host, repo_dir, sha)
 
     Path(FRESH_LOG).write_text("".join(lines))
+    # when each operation started (s from the run's start): where the converge's time went
+    Path(FRESH_LOG).with_suffix(".marks").write_text("".join(f"{t:7.1f} {name}\n" for t, name in marks))
 
     def first(prefix: str) -> float | None:
         """When the run started the first operation of a deploy layer (pyinfra names an operation
@@ -211,17 +218,21 @@ def fresh_host(f, tmp: Path, gib: float, dead: str | None) -> dict:
         found = [t for t, name in marks if name.split(" | ", 1)[0] == prefix]
         return found[0] if found else None
 
-    eng0, wait0, svc0 = first("Engine"), first("Weights fan-out: wait"), first("Service")
-    if None in (eng0, wait0, svc0):
-        raise SystemExit(f"the run's output ({FRESH_LOG}) lacks a step; operations seen: "
-                         f"{sorted({name.split(' | ', 1)[0] for _, name in marks})}")
+    eng0, pkg0, venv_wait0 = first("Engine"), first(PACKAGES), first("Engine: wait")
+    wait0, svc0 = first("Weights fan-out: wait"), first("Service")
+    if None in (eng0, pkg0, venv_wait0, wait0, svc0, built):
+        raise SystemExit(f"the run's output ({FRESH_LOG}) lacks a step (or the venv's last build step); "
+                         f"operations seen: {sorted({name.split(' | ', 1)[0] for _, name in marks})}")
     gpu0 = first("GPU stack")   # None: the host's recipe has no GPU stack to install (cpu)
     copy = max(e["t1"] for e in doc["events"]) - doc["started"]
-    steps = {"GPU stack": eng0 - gpu0 if gpu0 is not None else 0.0, "engine venv": wait0 - eng0,
-             "weights copy (host unit)": copy, "weights wait (after the venv)": svc0 - wait0,
+    # the venv: its wheels pushed by pyinfra, then built in a host unit while the packages install
+    steps = {"GPU stack": eng0 - gpu0 if gpu0 is not None else 0.0, "engine venv": built - eng0,
+             "weights copy (host unit)": copy, "packages (beside the venv's build)": venv_wait0 - pkg0,
+             "venv and weights waits (after the packages)": svc0 - venv_wait0,
              "unit, start, ready and proxy": wall - svc0}
     return {"host": host.name, "wall": wall, "steps": steps, "copy": copy,
-            "serial": steps["GPU stack"] + steps["engine venv"] + copy + steps["unit, start, ready and proxy"],
+            "serial": (steps["GPU stack"] + steps["engine venv"] + copy + steps["packages (beside the venv's build)"]
+                       + steps["unit, start, ready and proxy"]),
             "bytes": sum(p.stat().st_size for p in src.rglob("*") if p.is_file())}
 
 

@@ -18,10 +18,11 @@ from pyinfra import host, logger
 
 from gpuserve.layers.base import base_layout, ordering_point
 from gpuserve.layers.context import all_settings, host_plan
-from gpuserve.layers.engine import engine
+from gpuserve.layers.engine import engine_begin, engine_wait
 from gpuserve.layers.gateway import gateway
 from gpuserve.layers.gpu_stack import gpu_stack, serving, stack_move
 from gpuserve.layers.monitoring import monitor, monitor_hosts, node_exporter
+from gpuserve.layers.packages import early_packages
 from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.removal import removal
@@ -43,7 +44,9 @@ if settings.serves:   # False on a host of role groups only (gateway, monitor): 
         logger.warning(f"    [{host.name}] serves now: its GPU stack change ({pending.reason}) waits for "
                        "deploys/upgrade.py, which moves it out of rotation first; nothing changes here")
     gpu_stack(disruptive=pending is None)
-    engine(plan)
+    engine_begin(plan)      # the venv builds from here, in a host-side unit (after the driver: it loads it)
+    early_packages(settings)   # the service and proxy layers' packages, meanwhile
+    engine_wait(plan)
     stage_end(settings)     # the weights step: waits for that copy, or stages it now
     removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
     service(plan, removed=removed.releases)

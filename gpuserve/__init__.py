@@ -109,7 +109,8 @@ start, gate, bake, in
 layers/: pyinfra ``@deploy`` layers and the rollout's steps
     base            the service user and the directory layout
     gpu_stack       the vendor driver stack, pinned and held, loaded and verified
-    engine          uv and one immutable venv per engine pin
+    engine          uv and one immutable venv per engine pin: its build started, then waited for
+    packages        the service and proxy layers' packages, installed while the venv builds
     engine_guard    the engine guard's nftables table on every serving host
     weights         the pinned checkpoint revision on every host's NVMe
     fanout          the fan-out's two halves: start at the top of a converge, wait at the weights step
@@ -129,7 +130,8 @@ operations/: gpuserve's own pyinfra ``@operation`` functions, one module per kin
     gpu_stack       the GPU stack's package sets, driver reboot, verification and admission, decided
                     at execute time (also the host checks a rollout's stack move reads)
     secrets         secret files and systemd credentials, written without showing them
-    venv            uv, the pushed wheels and the venvs uv builds (the engine's, smg's)
+    venv            uv, the pushed wheels and the venvs uv builds (the engine's, smg's); the
+                    engine's build in a background unit, and the wait for it
     weights         a checkpoint revision staged, verified and published on a host; rsync over SSH
     fanout          the weights fan-out: start a host's fetch, the control node's pusher, the wait
 facts/: pyinfra facts, each beside its pure parser

@@ -138,6 +138,19 @@ SECRETS_RUN_STAGING = f"{RUN_DIR}/.staging"    # root 0700: a credential's uploa
 SECRETS_STAGING_DIR = f"{ETC_DIR}/.staging"   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
 DOWNLOADS_DIR = "/var/cache/gpuserve"          # GPU-stack downloads
 ENGINE_LOG_DIR = "/var/log/gpuserve"           # engine build logs (gpuserve.engine.LOG_DIR)
+ENGINE_BUILD_UNIT_PREFIX = "gpuserve-engine-build-"   # + <engine id>.service: a venv built in the background
+
+
+def engine_build_unit(engine_id: str) -> str:
+    """The transient unit that builds one engine venv in the background (``systemd-run``)."""
+    return f"{ENGINE_BUILD_UNIT_PREFIX}{engine_id}.service"
+
+
+def engine_build_script(engine_id: str) -> str:
+    """The build script that unit runs (root 0700, removed once the venv is built)."""
+    return posixpath.join(ENGINE_LOG_DIR, f"build-{engine_id}.sh")
+
+
 ROLLOUT_LOCK_DIR = "/var/lib/gpuserve-rollout"   # the rollout lock (gpuserve.rollout.LOCK_FILE)
 ROLLOUT_LOCK_FILE = f"{ROLLOUT_LOCK_DIR}/lock"   # root-only; not the service user's home
 STACK_STATE_DIR = "/var/lib/gpuserve-stack"    # root-only, beside nothing the service user reads

@@ -5,6 +5,10 @@
     /opt/gpuserve/envs/<engine id>/              the venv: built as <id>.partial, verified, renamed
     /opt/gpuserve/cache/uv/                      uv's cache, on the venvs' filesystem (hard links)
 
+Two halves (issue 24): :func:`engine_begin` pushes uv and the wheels and starts the venv's build
+in a host-side unit; :func:`engine_wait` waits for it. deploys/serve.py puts the steps that need
+neither the venv nor the weights between them, so a fresh host builds its venv while they run.
+
 The same operations every run (gpuserve.operations.venv); each looks at the host first and does
 nothing when its result is there: a host whose venv for this pin exists gets no push and no uv
 call, so a second converge changes and transfers nothing. A changed pin is a new engine id, so a
@@ -23,7 +27,7 @@ from gpuserve import engine as eng
 from gpuserve import layout, wheelhouse
 from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan
-from gpuserve.operations.venv import pushed_wheels, uv_binary, venv
+from gpuserve.operations.venv import pushed_wheels, uv_binary, venv, venv_begin
 
 
 def resolve_engine(settings: HostSettings) -> tuple[eng.EngineSpec, wheelhouse.WheelSet | None]:
@@ -37,15 +41,24 @@ def resolve_engine(settings: HostSettings) -> tuple[eng.EngineSpec, wheelhouse.W
     return eng.spec_for(settings, wheelset=wset.digest), wset
 
 
-@deploy("Engine")
-def engine(plan: HostPlan) -> eng.EngineSpec:
-    """uv (pinned, from a wheel pushed by the control node), then the engine venv for this
-    host's pin, built atomically. Returns the spec (its ``env_dir``, ``id``): the plan's, which
-    the layer context resolved once (gpuserve.layers.context.host_plan)."""
-    settings, spec, wset = plan.settings, plan.engine, plan.wheelset
-    if spec is None:
-        raise ValueError(f"{settings.host}: the engine layer needs a plan with its engine spec "
+def _spec(plan: HostPlan) -> eng.EngineSpec:
+    if plan.engine is None:
+        raise ValueError(f"{plan.settings.host}: the engine layer needs a plan with its engine spec "
                          "(gpuserve.layers.context.host_plan)")
+    return plan.engine
+
+
+def _remote_set(plan: HostPlan) -> str | None:
+    return f"{eng.WHEELHOUSE_DIR}/{plan.wheelset.name}" if plan.wheelset is not None else None
+
+
+@deploy("Engine")
+def engine_begin(plan: HostPlan) -> eng.EngineSpec:
+    """uv (pinned, from a wheel pushed by the control node) and the wheels, then the build of the
+    engine venv for this host's pin started in the background, in a host-side unit
+    (``gpuserve.operations.venv.venv_begin``): the converge's next steps run while it builds, and
+    :func:`engine_wait` waits for it. Returns the plan's spec (its ``env_dir``, ``id``)."""
+    settings, spec, wset = plan.settings, _spec(plan), plan.wheelset
     files.directory(name="Engine tools", path=eng.BIN_DIR, user="root", group="root", mode="755")
     files.directory(name="Engine caches (uv)", path=f"{layout.OPT_DIR}/cache",
                     user="root", group="root", mode="700")
@@ -58,13 +71,28 @@ def engine(plan: HostPlan) -> eng.EngineSpec:
                         user="root", group="root", mode="755")
     uv_binary(name=f"uv {settings.uv_version}", version=settings.uv_version,
               wheelhouse_dir=settings.wheelhouse)
-    remote_set = None
     if wset is not None:
-        remote_set = f"{eng.WHEELHOUSE_DIR}/{wset.name}"
         pushed_wheels(name=f"Wheel set {wset.name} ({wset.size(spec.excludes) / 1e6:.0f} MB)",
                       wset=wset, spec=spec)
+    venv_begin(name=f"Engine venv {spec.id}: build started in the background "
+                    f"({layout.engine_build_unit(spec.id)})",
+               spec=spec, uv=eng.uv_path(settings.uv_version), remote_set=_remote_set(plan))
+    return spec
+
+
+@deploy("Engine: wait")
+def engine_wait(plan: HostPlan) -> eng.EngineSpec:
+    """The engine venv for this host's pin: waits for the build :func:`engine_begin` started
+    (its steps as it reaches them), or builds it now; atomically either way."""
+    spec = _spec(plan)
     steps = "uv venv, uv pip install" + (", vllm download-kernels" if spec.kernels else "")
     venv(name=f"Engine venv {spec.id} ({steps}, verify, rename)", spec=spec,
-         uv=eng.uv_path(settings.uv_version),
-         remote_set=remote_set)
+         uv=eng.uv_path(plan.settings.uv_version), remote_set=_remote_set(plan))
     return spec
+
+
+def engine(plan: HostPlan) -> eng.EngineSpec:
+    """The whole engine layer in one place (deploys/upgrade.py stages a release with it):
+    :func:`engine_begin`, then :func:`engine_wait` right away."""
+    engine_begin(plan)
+    return engine_wait(plan)

@@ -26,6 +26,7 @@ from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan, SecretInstall
 from gpuserve.operations import secrets as secrets_ops
 from gpuserve.layers.context import all_settings
+from gpuserve.layers.packages import PROXY_PACKAGES
 from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.values import is_host
 
@@ -144,7 +145,7 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     if not settings.proxy:
         return
     apt.packages(name=f"nginx, its njs module ({proxy_conf.NJS_PACKAGE}: the message limit) and openssl",
-                 packages=["nginx", proxy_conf.NJS_PACKAGE, "openssl"])
+                 packages=PROXY_PACKAGES)
     default_site = files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE,
                               present=False)
     # 0711: nginx's workers (www-data) only stat the drain flag here by name; they cannot list

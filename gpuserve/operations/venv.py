@@ -7,19 +7,35 @@
 Each looks at the host first and does nothing when its result is there ("No Change"); none ever
 deletes a venv. The engine layer (gpuserve.layers.engine) and the gateway layer
 (gpuserve.layers.gateway) call them.
+
+The engine's venv can build in the background (issue 24): ``venv_begin`` starts its build script
+in a transient host-side unit (``systemd-run``, ``gpuserve.layout.engine_build_unit``) and returns
+at once, so the converge's next steps run while it builds; ``venv`` then waits for that unit,
+printing the build's steps as it reaches them, and runs the same script once more, which finds
+the venv built (or, when no background build ran, builds it there and then). The script's own
+per-id lock keeps two builds of one id from ever running at once.
 """
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import operation
+import shlex
+import time
+from io import StringIO
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, operation
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
 from gpuserve import engine as eng
 from gpuserve import gateway as gw
-from gpuserve import wheelhouse
+from gpuserve import layout, wheelhouse
+
+BUILD_POLL_S = 2
+BUILD_QUIET_S = 30      # no new step for this long: a line that says the build still runs
+BUILD_WAIT_S = 7200     # as long as the script itself waits for another build's lock
 
 
 @operation()
@@ -47,13 +63,75 @@ def pushed_wheels(wset: wheelhouse.WheelSet, spec: eng.EngineSpec):
                                  delete=False, exclude=skipped or None)
 
 
+def build_start_command(spec: eng.EngineSpec) -> str:
+    """Start the build script in its transient unit, unless that unit runs already (a converge
+    killed while it waited leaves it building): pure."""
+    unit, script = layout.engine_build_unit(spec.id), layout.engine_build_script(spec.id)
+    q = shlex.quote
+    return (f"systemctl is-active -q {q(unit)} || systemd-run --quiet --no-block --unit={q(unit)} "
+            f"--description={q(f'gpuserve: build the engine venv {spec.id}')} --setenv=HOME=/root "
+            f"/bin/sh {q(script)}")
+
+
 @operation()
-def venv(spec: eng.EngineSpec, uv: str, remote_set: str | None):
-    """The engine venv ``spec.env_dir``, built atomically (``gpuserve.engine.build_script``)."""
+def venv_begin(spec: eng.EngineSpec, uv: str, remote_set: str | None):
+    """Start building the engine venv ``spec.env_dir`` in the background (``venv`` waits for it)."""
     if host.get_fact(Directory, path=spec.env_dir):
         host.noop(f"{spec.env_dir} is built")
         return
+    yield from files.directory._inner(path=eng.LOG_DIR, user="root", group="root", mode="755")
+    yield from files.put._inner(src=StringIO(eng.build_script(spec, uv, remote_set)),
+                                dest=layout.engine_build_script(spec.id), user="root", group="root",
+                                mode="700")
+    yield build_start_command(spec)
+
+
+@operation()
+def venv(spec: eng.EngineSpec, uv: str, remote_set: str | None):
+    """The engine venv ``spec.env_dir``, built atomically (``gpuserve.engine.build_script``): waits
+    for the background build ``venv_begin`` started, if any, then runs the script, which ends at
+    once when that build made the venv."""
+    if host.get_fact(Directory, path=spec.env_dir):
+        host.noop(f"{spec.env_dir} is built")
+        return
+    yield FunctionCommand(_wait_for_build, (spec,), {})
     yield eng.build_script(spec, uv, remote_set)
+    yield f"rm -f {shlex.quote(layout.engine_build_script(spec.id))}"
+
+
+def _wait_for_build(state: Any, host: Any, spec: eng.EngineSpec) -> bool:
+    """While the build's unit runs: each step it reaches, as a line ("[95 s] uv pip install
+    ..."), and a line every ``BUILD_QUIET_S`` without one. A failed build shows its log's end and
+    fails the host; the unit is reset so that nothing of it stays on the host."""
+    unit, q = layout.engine_build_unit(spec.id), shlex.quote
+    shown, last_line = 0, time.monotonic()
+    deadline = last_line + BUILD_WAIT_S
+    while time.monotonic() < deadline:
+        ok, out = host.run_shell_command(
+            f"systemctl show -p ActiveState --value {q(unit)}; grep -a '^gpuserve: \\[' {q(spec.log_file)} "
+            "2>/dev/null || true")
+        lines = [line.strip() for line in out.stdout_lines] if ok else []
+        active = lines[0] if lines else ""
+        steps = lines[1:]
+        for line in steps[shown:]:
+            host.log_styled(f"engine venv {spec.id}: {line.removeprefix('gpuserve: ')}", log_func=logger.info)
+            last_line = time.monotonic()
+        shown = max(shown, len(steps))
+        if active == "failed":
+            _, log = host.run_shell_command(f"tail -n 40 {q(spec.log_file)}; systemctl reset-failed {q(unit)}")
+            host.log_styled(f"{host.name}: the engine venv {spec.id} failed to build ({unit}); the end of "
+                            f"{spec.log_file}:\n" + "\n".join(log.stdout_lines), fg="red", log_func=logger.error)
+            return False
+        if active not in ("active", "activating", "deactivating", "reloading"):
+            return True   # ended (a transient unit that succeeded is gone), or never started here
+        if time.monotonic() - last_line >= BUILD_QUIET_S:
+            where = steps[-1].removeprefix("gpuserve: ") if steps else "starting"
+            host.log_styled(f"engine venv {spec.id}: still building, at {where}", log_func=logger.info)
+            last_line = time.monotonic()
+        time.sleep(BUILD_POLL_S)
+    host.log_styled(f"{host.name}: the engine venv {spec.id} was still building after {BUILD_WAIT_S} s "
+                    f"(`journalctl -u {unit}` on the host)", fg="red", log_func=logger.error)
+    return False
 
 
 @operation()

