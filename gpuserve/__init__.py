@@ -34,7 +34,8 @@ packages engine/ and stack/, below)
     monitoring      what monitor hosts run: Prometheus scrape configs, rules, alertmanager
     receivers       alertmanager's receivers from ``alert_receivers`` (webhook, email, Slack, PagerDuty)
     grafana         the Grafana dashboards
-    weights         checkpoint revisions on disk: manifests, hardlink or fetch, verification
+    weights         checkpoint revisions staged on a host: lock, prepare, commit, HTTP fetch, its command
+    weights_manifest  checkpoint revisions on disk: manifests, hashing, audits, hardlink or fetch, space
     engine_cache    engine compile caches shared across hosts: seed names and commands
     removal         what the plan no longer keeps on a host, from its footprint
 Moves (pure: which host moves when; the moves themselves are in rollout/, below)

@@ -16,7 +16,7 @@ Two halves, so the copy overlaps a fresh host's slow steps (docs/weights.md, "Ho
 
 The operations that start and wait (``begin``, ``push``, ``wait``) are ``gpuserve.operations.fanout``.
 Who takes which shard from whom is ``gpuserve.fanout`` (pure); what runs on the host is
-``gpuserve.fanout_agent`` (standard library, installed beside ``weights.py``).
+``gpuserve.fanout_agent`` (standard library, installed beside ``weights.py`` and ``weights_manifest.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from pyinfra.operations import apt, files, server, systemd
 from gpuserve import checkpoints, fanout, layout, templating
 from gpuserve import fanout_agent as agent_mod
 from gpuserve import weights as w
+from gpuserve.facts.checkpoints import HOST_MODULES
 from gpuserve.config import HostSettings
 from gpuserve.layers.context import all_settings
 from gpuserve.operations.fanout import Fleet, begin, push, wait
@@ -172,7 +173,7 @@ def fanout_start(settings: HostSettings) -> None:
               dest=f"{layout.FANOUT_HOME}/.ssh/authorized_keys", user="root", group="root", mode="644")
     files.directory(name="Fan-out agent directory", path=layout.AGENT_DIR, user="root", group="root",
                     mode="755")
-    for module in (w, agent_mod):
+    for module in (*HOST_MODULES, agent_mod):   # the agent imports weights from beside itself
         files.put(name=f"Fan-out agent: {Path(module.__file__).name}", src=module.__file__,
                   dest=f"{layout.AGENT_DIR}/{Path(module.__file__).name}", user="root", group="root",
                   mode="644")
