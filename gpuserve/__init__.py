@@ -138,11 +138,13 @@ facts/: pyinfra facts, each beside its pure parser
     amd             amd-smi's GPUs, ROCm and the loaded amdgpu module
     apt             apt holds and what the repositories offer
     checkpoints     what a host holds of a model repository
+    credentials     a systemd credential's state (its hash, its link), never its content
     deployment      a deployment's releases, pointers, unit state and health
     gpus            the one parser of nvidia-smi's and amd-smi's GPU lists
     kernel          kernels, DKMS builds and pending updates (gpuserve.patch)
     nvidia          nvidia-smi's GPUs, the loaded and installed driver, NVSwitches, CUDA
     removal         what gpuserve has on a host (gpuserve.removal reads it)
+    ssh             the host's SSH host key, which the fan-out's peers pin
 """
 
 __version__ = "0.2.0"

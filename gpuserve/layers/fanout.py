@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FactBase, deploy
+from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.context import ctx_state
 from pyinfra.operations import apt, files, server, systemd
@@ -40,23 +40,13 @@ from pyinfra.operations import apt, files, server, systemd
 from gpuserve import checkpoints, fanout, layout, templating
 from gpuserve import fanout_agent as agent_mod
 from gpuserve import weights as w
-from gpuserve.facts.checkpoints import HOST_MODULES
 from gpuserve.config import HostSettings
+from gpuserve.facts.checkpoints import HOST_MODULES
+from gpuserve.facts.ssh import SshHostKey
 from gpuserve.layers.context import all_settings
 from gpuserve.operations.fanout import Fleet, begin, push, wait
 from gpuserve.operations.secrets import encrypted_credential
 from gpuserve.operations.weights import Target, _state, _todo, checkpoint_space
-
-
-class SshHostKey(FactBase):
-    """The host's ed25519 SSH host key (``type base64``), what its peers pin in known_hosts."""
-
-    def command(self) -> str:
-        return "cat /etc/ssh/ssh_host_ed25519_key.pub 2>/dev/null || true"
-
-    def process(self, output: list[str]) -> str:
-        parts = " ".join(output).split()
-        return " ".join(parts[:2]) if len(parts) >= 2 else ""
 
 
 # --------------------------------------------------------------------------------------------------
