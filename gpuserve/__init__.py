@@ -34,7 +34,8 @@ packages engine/ and stack/, below)
     monitoring      what monitor hosts run: Prometheus scrape configs, rules, alertmanager
     receivers       alertmanager's receivers from ``alert_receivers`` (webhook, email, Slack, PagerDuty)
     grafana         the Grafana dashboards
-    weights         checkpoint revisions on disk: manifests, hardlink or fetch, verification
+    weights         checkpoint revisions staged on a host: lock, prepare, commit, HTTP fetch, its command
+    weights_manifest  checkpoint revisions on disk: manifests, hashing, audits, hardlink or fetch, space
     engine_cache    engine compile caches shared across hosts: seed names and commands
     removal         what the plan no longer keeps on a host, from its footprint
 Moves (pure: which host moves when; the moves themselves are in rollout/, below)
@@ -139,11 +140,13 @@ facts/: pyinfra facts, each beside its pure parser
     amd             amd-smi's GPUs, ROCm and the loaded amdgpu module
     apt             apt holds and what the repositories offer
     checkpoints     what a host holds of a model repository
+    credentials     a systemd credential's state (its hash, its link), never its content
     deployment      a deployment's releases, pointers, unit state and health
     gpus            the one parser of nvidia-smi's and amd-smi's GPU lists
     kernel          kernels, DKMS builds and pending updates (gpuserve.patch)
     nvidia          nvidia-smi's GPUs, the loaded and installed driver, NVSwitches, CUDA
     removal         what gpuserve has on a host (gpuserve.removal reads it)
+    ssh             the host's SSH host key, which the fan-out's peers pin
 """
 
 __version__ = "0.2.0"

@@ -1,7 +1,7 @@
 """The fan-out agent on a host: fetch a revision from the fleet, shard by shard, and serve it onward.
 
-Installed on each host beside ``weights.py`` (``gpuserve.layout.AGENT_DIR``) by the weights layer
-when ``weights_fanout = "hosts"``; standard library only (Python >= 3.9), like ``weights.py``.
+Installed on each host beside ``weights.py`` and ``weights_manifest.py`` (``gpuserve.layout.AGENT_DIR``)
+by the weights layer when ``weights_fanout = "hosts"``; standard library only (Python >= 3.9), like them.
 
 ``run JOB``   the ``gpuserve-weights-fetch`` unit. Stages ``<sha>.partial/`` (hardlinks for files an
               earlier revision has), then one thread per stripe takes each missing file, in order,
@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 try:
     from gpuserve import weights as w
-except ImportError:  # on a host: weights.py lies beside this file
+except ImportError:  # on a host: weights.py (and weights_manifest.py, which it imports) lie beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import weights as w  # type: ignore[no-redef]
 

@@ -7,7 +7,7 @@
     /etc/gpuserve/<deployment>/current -> releases/<id> what the unit serves
     /etc/gpuserve/<deployment>/previous -> releases/<id> the rollback target
     gpuserve-<deployment>.service                       the systemd unit
-    /opt/gpuserve/lib/{weights,fanout_agent}.py         the fan-out agent (weights_fanout = "hosts")
+    /opt/gpuserve/lib/{weights,weights_manifest,fanout_agent}.py   the fan-out agent (weights_fanout = "hosts")
     /etc/gpuserve/fanout/{id_ed25519.cred,known_hosts,job.json}   its fleet key (encrypted), peers, job
     gpuserve-weights-fetch.service                      the fan-out agent's unit
     /var/lib/gpuserve-fanout/.ssh/authorized_keys       the fleet key, forced to read checkpoints only

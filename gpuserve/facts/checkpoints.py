@@ -1,10 +1,14 @@
 """What a host holds of a model repository: the ``CheckpointState`` fact, and how the control node
 runs ``gpuserve.weights`` on a host.
 
-Hosts get no gpuserve install: the source of ``gpuserve/weights.py`` (standard library only) travels
-inside the command, compressed, and runs with the host's ``python3`` (>= 3.9)::
+Hosts get no gpuserve install: the source of every module in ``HOST_MODULES`` (standard library
+only) travels inside the command, compressed, and runs with the host's ``python3`` (>= 3.9). Each
+module but the last is loaded under its own name first (``weights.py`` imports it by that name where
+there is no gpuserve package); the last runs as the program::
 
-    python3 -c 'import base64,zlib;exec(zlib.decompress(base64.b64decode("...")))' scan <dir> <sha> changed
+    python3 -c 'import base64,sys,types,zlib;u=lambda s:zlib.decompress(base64.b64decode(s));
+        m=sys.modules["weights_manifest"]=types.ModuleType("weights_manifest");exec(u("..."),m.__dict__);
+        exec(u("..."))' scan <dir> <sha> changed
 """
 
 from __future__ import annotations
@@ -15,18 +19,31 @@ import json
 import shlex
 import zlib
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pyinfra.api import FactBase
 
-from gpuserve import layout, weights
+from gpuserve import layout, weights, weights_manifest
+
+# What a host runs of gpuserve, each module after the ones it imports: the command below carries them
+# all, and the fan-out installs them all in layout.AGENT_DIR (gpuserve.layers.fanout).
+HOST_MODULES = (weights_manifest, weights)
+
+
+def _packed(module: ModuleType) -> str:
+    return base64.b64encode(zlib.compress(Path(module.__file__).read_bytes(), 9)).decode()
 
 
 @functools.lru_cache(maxsize=1)
 def _boot() -> str:
-    source = Path(weights.__file__).read_bytes()
-    packed = base64.b64encode(zlib.compress(source, 9)).decode()
-    return f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed}")))'
+    *imported, program = HOST_MODULES
+    parts = ["import base64,sys,types,zlib", "u=lambda s:zlib.decompress(base64.b64decode(s))"]
+    for module in imported:
+        name = module.__name__.rpartition(".")[2]
+        parts.append(f'm=sys.modules["{name}"]=types.ModuleType("{name}");exec(u("{_packed(module)}"),m.__dict__)')
+    parts.append(f'exec(u("{_packed(program)}"))')
+    return ";".join(parts)
 
 
 def host_command(*args: str) -> str:

@@ -16,7 +16,7 @@ Two halves, so the copy overlaps a fresh host's slow steps (docs/weights.md, "Ho
 
 The operations that start and wait (``begin``, ``push``, ``wait``) are ``gpuserve.operations.fanout``.
 Who takes which shard from whom is ``gpuserve.fanout`` (pure); what runs on the host is
-``gpuserve.fanout_agent`` (standard library, installed beside ``weights.py``).
+``gpuserve.fanout_agent`` (standard library, installed beside ``weights.py`` and ``weights_manifest.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FactBase, deploy
+from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.context import ctx_state
 from pyinfra.operations import apt, files, server, systemd
@@ -41,21 +41,12 @@ from gpuserve import checkpoints, fanout, layout, templating
 from gpuserve import fanout_agent as agent_mod
 from gpuserve import weights as w
 from gpuserve.config import HostSettings
+from gpuserve.facts.checkpoints import HOST_MODULES
+from gpuserve.facts.ssh import SshHostKey
 from gpuserve.layers.context import all_settings
 from gpuserve.operations.fanout import Fleet, begin, push, wait
 from gpuserve.operations.secrets import encrypted_credential
 from gpuserve.operations.weights import Target, _state, _todo, checkpoint_space
-
-
-class SshHostKey(FactBase):
-    """The host's ed25519 SSH host key (``type base64``), what its peers pin in known_hosts."""
-
-    def command(self) -> str:
-        return "cat /etc/ssh/ssh_host_ed25519_key.pub 2>/dev/null || true"
-
-    def process(self, output: list[str]) -> str:
-        parts = " ".join(output).split()
-        return " ".join(parts[:2]) if len(parts) >= 2 else ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,7 +163,7 @@ def fanout_start(settings: HostSettings) -> None:
               dest=f"{layout.FANOUT_HOME}/.ssh/authorized_keys", user="root", group="root", mode="644")
     files.directory(name="Fan-out agent directory", path=layout.AGENT_DIR, user="root", group="root",
                     mode="755")
-    for module in (w, agent_mod):
+    for module in (*HOST_MODULES, agent_mod):   # the agent imports weights from beside itself
         files.put(name=f"Fan-out agent: {Path(module.__file__).name}", src=module.__file__,
                   dest=f"{layout.AGENT_DIR}/{Path(module.__file__).name}", user="root", group="root",
                   mode="644")

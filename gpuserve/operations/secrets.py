@@ -31,12 +31,13 @@ import shlex
 from io import BytesIO, StringIO
 
 from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.facts.server import Home, User
 from pyinfra.operations import files
 
 from gpuserve import layout, templating
+from gpuserve.facts.credentials import CredentialLeft, CredentialMatches, CredentialState
 
 STAGING = layout.SECRETS_STAGING_DIR   # root 0700, same filesystem as /etc/gpuserve and /etc/nginx
 UPLOAD_DIR = ".gpuserve-upload"      # in the login user's home, 0700: where it uploads under sudo
@@ -96,27 +97,6 @@ def _perms(user: str, group: str, mode: str) -> str:
     return f"{user}:{group}:{int(mode, 8):o}"
 
 
-class CredentialState(FactBase):
-    """A credential's state, never its content: the sha256 of its decrypted content ("" when
-    ``<dest>.cred`` is missing or does not decrypt), and whether ``dest`` is the link to its /run
-    copy with that copy present (with owner and mode ``perms``, ``user:group:mode``, when given)."""
-
-    def command(self, dest: str, cred_name: str, perms: str = "root:root:600") -> str:
-        name = cred_name   # ``name`` is pyinfra's
-        cred, run = shlex.quote(dest + ".cred"), shlex.quote(posixpath.join(RUN_DIR, name))
-        return (f"h=$( [ -f {cred} ] && systemd-creds decrypt --name={shlex.quote(name)} {cred} - "
-                f"2>/dev/null | sha256sum | cut -d' ' -f1 ); "
-                f"[ -f {cred} ] && systemd-creds decrypt --name={shlex.quote(name)} {cred} - "
-                f">/dev/null 2>&1 || h=; "
-                f"l=no; [ \"$(readlink {shlex.quote(dest)})\" = {run} ] && [ -f {run} ] && "
-                f"[ \"$(stat -c %U:%G:%a {run})\" = {shlex.quote(perms)} ] && l=yes; "
-                f"echo \"${{h:-none}} $l\"")
-
-    def process(self, output: list[str]) -> tuple[str, bool]:
-        digest, linked = (output[-1].split() + ["", ""])[:2] if output else ("none", "no")
-        return ("" if digest == "none" else digest), linked == "yes"
-
-
 def _upload_to_run_staging(content: str, tmp: str):
     """The commands that put ``content`` at ``tmp`` (in RUN_STAGING) through tmpfs only."""
     yield StringCommand(_run_dirs() + f" && rm -f {tmp}")
@@ -156,23 +136,6 @@ def credential_file(content: str, dest: str, cred_name: str, user: str = "root",
     tmp = posixpath.join(RUN_STAGING, name + ".upload")
     yield from _upload_to_run_staging(content, tmp)
     yield StringCommand(_encrypt_and_link(tmp, dest, name, user, group, mode))
-
-
-class CredentialMatches(FactBase):
-    """Whether ``<dest>.cred`` decrypts to content with a line matching the extended regex
-    ``pattern``, and ``dest`` is the link to its /run copy: "yes"/"no" twice, never a line."""
-
-    def command(self, dest: str, cred_name: str, pattern: str) -> str:
-        name = cred_name   # ``name`` is pyinfra's
-        cred, run = shlex.quote(dest + ".cred"), shlex.quote(posixpath.join(RUN_DIR, name))
-        return (f"c=no; [ -f {cred} ] && systemd-creds decrypt --name={shlex.quote(name)} {cred} - "
-                f"2>/dev/null | grep -qE {shlex.quote(pattern)} && c=yes; "
-                f"l=no; [ \"$(readlink {shlex.quote(dest)})\" = {run} ] && "
-                f"grep -qE {shlex.quote(pattern)} {run} 2>/dev/null && l=yes; echo \"$c $l\"")
-
-    def process(self, output: list[str]) -> tuple[bool, bool]:
-        made, linked = (output[-1].split() + ["", ""])[:2] if output else ("no", "no")
-        return made == "yes", linked == "yes"
 
 
 @operation()
@@ -216,17 +179,6 @@ def encrypted_credential(content: str, cred: str, cred_name: str):
     yield StringCommand(f"umask 077; systemd-creds encrypt --name={shlex.quote(name)} {tmp} "
                         f"{shlex.quote(dest + '.cred')}.new && mv -f {shlex.quote(dest + '.cred')}.new "
                         f"{shlex.quote(dest + '.cred')} && rm -f {tmp}")
-
-
-class CredentialLeft(FactBase):
-    """Whether anything of a credential is left: ``<dest>.cred``, or ``dest`` as a link."""
-
-    def command(self, dest: str) -> str:
-        return (f"if [ -e {shlex.quote(dest + '.cred')} ] || [ -L {shlex.quote(dest)} ]; "
-                "then echo yes; else echo no; fi")
-
-    def process(self, output: list[str]) -> bool:
-        return bool(output) and output[-1].strip() == "yes"
 
 
 @operation()

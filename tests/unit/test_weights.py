@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -320,6 +321,34 @@ def test_the_shipped_command_runs_the_same_code(tmp_path):
     assert rc == w.EXIT_SPACE and refused["space"] and refused["error"].startswith("h1: refusing")
     rc, err = run_host("commit", stdin={**req, "manifest": manifest_for(SHA_B, V1).to_json()})
     assert rc == w.EXIT_ERROR and "nothing staged" in err["error"]
+
+
+def test_the_shipped_command_needs_no_gpuserve_package(tmp_path):
+    # a host has no gpuserve to import: weights.py takes weights_manifest from the command itself
+    # (run from the repository root, python3 -c would import the package from the working directory)
+    probe = ("import atexit,sys;atexit.register(lambda:print(sys.modules['__main__'].Manifest.__module__,"
+             "'gpuserve' in sys.modules));")
+    boot = shlex.split(host_command("scan", str(tmp_path / "acme--tiny"), SHA_A))
+    proc = subprocess.run([boot[0], "-c", probe + boot[2], *boot[3:]], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert parse_output(proc.stdout.splitlines()[:-1])["status"] == "absent"
+    assert proc.stdout.splitlines()[-1] == "weights_manifest False"
+
+
+def test_the_fanout_agent_imports_weights_from_beside_itself(tmp_path):
+    # what the fan-out layer installs in layout.AGENT_DIR: HOST_MODULES and the agent, nothing else
+    from gpuserve import fanout_agent
+    from gpuserve.facts.checkpoints import HOST_MODULES
+
+    for module in (*HOST_MODULES, fanout_agent):
+        shutil.copy(module.__file__, tmp_path)
+    code = ("import sys;sys.path.insert(0,sys.argv[1]);import fanout_agent as a;"
+            "print(a.w.__name__,a.w.Manifest.__module__,'gpuserve' in sys.modules,a.have(sys.argv[1],'r',sys.argv[2],'f'))")
+    proc = subprocess.run(["python3", "-c", code, str(tmp_path), SHA_A], capture_output=True, text=True,
+                          cwd="/", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["weights", "weights_manifest", "False", "none"]
 
 
 def test_a_full_audit_finding_a_shared_inode_broken_fetches_instead_of_linking_it(tmp_path):
