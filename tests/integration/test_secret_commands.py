@@ -28,7 +28,6 @@ minutes on 2 cores.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import subprocess
@@ -39,7 +38,7 @@ import pytest
 
 from gpuserve import layout, monitoring
 from gpuserve_sandbox import fleet as fleet_view
-from gpuserve_sandbox.hub import publish_checkpoint
+from gpuserve_sandbox.hub import publish_checkpoint, write_sharded_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -130,15 +129,7 @@ def fanned_out(fleet, converged, sandbox, sandbox_hub, tmp_path_factory):
     from gpuserve_sandbox.runner import run_pyinfra
 
     src = tmp_path_factory.mktemp("fanout-ckpt")
-    sums = {}
-    for i in range(1, 5):
-        data = secrets.token_bytes(256 << 10)
-        name = f"model-{i:05d}-of-00004.safetensors"
-        (src / name).write_bytes(data)
-        sums[name] = hashlib.sha256(data).hexdigest()
-    config = json.dumps({"architectures": ["Test"]}).encode()
-    (src / "config.json").write_bytes(config)
-    sums["config.json"] = hashlib.sha256(config).hexdigest()
+    sums = write_sharded_checkpoint(src, 4, 256 << 10, secrets.token_bytes)
     sha = publish_checkpoint(sandbox_hub.root, MODEL, src, branch=None)
     run = run_pyinfra(INV, "deploys/weights.py", "--diff", "--limit", fleet["host"].name, "--limit", fleet["plain"].name,
                       "--data", "weights_fanout=hosts", "--data", f"model_repo={MODEL}",
