@@ -41,6 +41,12 @@ FANOUT_USER = "gpuserve-fanout"
 FANOUT_HOME = "/var/lib/gpuserve-fanout"
 FANOUT_UNIT = "gpuserve-weights-fetch.service"
 FANOUT_RUN_DIR = "/run/gpuserve-fanout"   # the unit's RuntimeDirectory (ssh control sockets)
+# the monitor's alert relay (gpuserve.receivers, issue 29): the webhooks with a secret in their URL
+ALERT_RELAY_CRED = f"{ETC_DIR}/alert-relay/receivers.cred"   # their URLs, a credential its unit loads
+ALERT_RELAY_CREDENTIAL = "alert-receivers"   # its name in the unit's $CREDENTIALS_DIRECTORY
+ALERT_RELAY = "gpuserve-alert-relay"
+ALERT_RELAY_UNIT = f"{ALERT_RELAY}.service"
+ALERT_RELAY_BIN = f"{OPT_DIR}/bin/gpuserve-alert-relay"
 
 
 def fanout_progress(repo_dir: str, sha: str) -> str:

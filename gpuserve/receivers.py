@@ -16,6 +16,16 @@ in memory only (gpuserve.secret_sources).
 A secret field (``url`` of a webhook that carries a token, Slack's ``api_url``, PagerDuty's
 ``routing_key``, email's ``auth_password``) is given as ``<field>_file`` (a 0600 file on the control
 node) or ``<field>_command`` (a command that prints it), never inline.
+
+A webhook whose URL is a secret is not written into alertmanager.yml: alertmanager 0.25 (Debian
+12's) logs a webhook it cannot reach, or one that answers other than 2xx, with its whole URL
+(notify/webhook/webhook.go returns the transport's error unredacted, and its errDetails adds
+conf.URL), and has no ``url_file`` for webhooks (0.26 added it). alertmanager.yml names the
+monitor's alert relay instead, ``http://127.0.0.1:RELAY_PORT/<n>`` (``relay_targets``: the real
+URLs, a systemd credential of the relay's unit; gpuserve/files/gpuserve-alert-relay), which never
+logs a URL. Slack's ``api_url`` stays with alertmanager: 0.25 redacts it from its errors
+(notify.RedactURL in notify/slack/slack.go) and keeps it a SecretURL; PagerDuty's key travels in
+the body and SMTP's password in the AUTH exchange, neither in a URL.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from gpuserve import layout, templating
 from gpuserve.secret_sources import SecretCommand, command_problem
 from gpuserve.values import url_problem
 
@@ -38,6 +49,7 @@ TYPES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[
 CONFIGS = {"webhook": "webhook_configs", "email": "email_configs", "slack": "slack_configs",
            "pagerduty": "pagerduty_configs"}
 RECEIVER = "gpuserve"
+RELAY_PORT = 9095   # the alert relay, on the monitor's loopback (the monitor guard's: root, prometheus)
 
 
 @dataclass(frozen=True)
@@ -158,13 +170,42 @@ def _secret(entry: Mapping[str, Any], field: str, path: str, problems: list,
     return file
 
 
+def relayed(r: Receiver) -> bool:
+    """Whether alertmanager reaches ``r`` through the alert relay: a webhook whose URL is a secret."""
+    return r.type == "webhook" and "url" in r.secrets
+
+
+def relay_url(n: int) -> str:
+    """What alertmanager.yml names for the ``n``-th relayed webhook: no secret in it."""
+    return f"http://127.0.0.1:{RELAY_PORT}/{n}"
+
+
+def relay_targets(receivers: tuple[Receiver, ...], secret: Callable[[Any], str]) -> tuple[str, ...]:
+    """The relayed webhooks' URLs (the secrets), in the order of ``relay_url``'s ``n``: the relay's
+    credential. Empty: no relay."""
+    return tuple(secret(r.secrets["url"]).strip() for r in receivers if relayed(r))
+
+
 def alertmanager_receiver(receivers: tuple[Receiver, ...], secret: Callable[[Any], str]) -> dict:
     """Alertmanager's one receiver, ``gpuserve``, with every integration the settings name.
     ``secret(source)`` reads a secret (a file path or a SecretCommand); its value is stripped of
-    surrounding whitespace (one line)."""
+    surrounding whitespace (one line). A webhook whose URL is a secret is the relay's URL
+    (``relay_url``), its own left to ``relay_targets``."""
     out: dict[str, Any] = {"name": RECEIVER}
+    n = 0
     for r in receivers:
-        conf = {**r.plain, **{k: secret(v).strip() for k, v in r.secrets.items()}}
+        if relayed(r):
+            conf = {**r.plain, "url": relay_url(n)}
+            n += 1
+        else:
+            conf = {**r.plain, **{k: secret(v).strip() for k, v in r.secrets.items()}}
         conf.pop("type", None)
         out.setdefault(CONFIGS[r.type], []).append(conf)
     return out
+
+
+def relay_unit_text() -> str:
+    """gpuserve-alert-relay.service (templates/gpuserve-alert-relay.service.j2): the relay as a
+    dynamic user, its receivers' URLs a credential it loads itself, confined."""
+    return templating.render("gpuserve-alert-relay.service.j2", program=layout.ALERT_RELAY_BIN, port=RELAY_PORT,
+                             credential=layout.ALERT_RELAY_CREDENTIAL, credential_file=layout.ALERT_RELAY_CRED)

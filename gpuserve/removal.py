@@ -86,6 +86,7 @@ MARKED: tuple[tuple[str, str | None], ...] = (
     (GATEWAY_UNIT, gateway.UNIT),
     (engine_guard.UNIT_PATH, engine_guard.UNIT),   # stopping it drops its nftables table
     (layout.systemd_unit_path(meter.UNIT), meter.UNIT),   # the token meter (mtail)
+    (layout.systemd_unit_path(layout.ALERT_RELAY_UNIT), layout.ALERT_RELAY_UNIT),   # a monitor's alert relay
     (layout.NODE_EXPORTER_DEFAULTS, "prometheus-node-exporter.service"),
     (layout.PROMETHEUS_DEFAULTS, "prometheus.service"),
     (monitoring.PROMETHEUS_YML, "prometheus.service"),

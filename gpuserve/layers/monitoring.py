@@ -14,6 +14,7 @@ scrapes the engines with are secret files
 from __future__ import annotations
 
 import ipaddress
+import json
 import posixpath
 import shlex
 from io import StringIO
@@ -39,6 +40,8 @@ from gpuserve.secret_sources import SecretCommand, SecretSourceError
 EXPORTERS_DIR = layout.EXPORTERS_DIR   # root 0700: its TLS key
 EXPORTERS_CONF = layout.EXPORTERS_CONF   # no deployment has this name
 NO_RECOMMENDS = "--no-install-recommends"
+RELAY_SRC = Path(__file__).resolve().parents[1] / "files" / "gpuserve-alert-relay"
+RELAY_UNIT_PATH = layout.systemd_unit_path(layout.ALERT_RELAY_UNIT)
 
 
 def address_of(name: str) -> str:
@@ -206,6 +209,42 @@ def _alertmanager_yml(m: monitoring.MonitorSettings) -> Any:
                                        user="root", group="prometheus", mode="640")
 
 
+def _alert_relay(m: monitoring.MonitorSettings) -> list:
+    """The alert relay (gpuserve.receivers, issue 29) where a webhook's URL is a secret: its
+    program, its receivers' URLs (a credential its unit loads, never shown) and its unit, running;
+    where none is, the relay stopped and gone. With ``alertmanager_managed = False`` left as it is
+    (the hand-edited alertmanager.yml may name it). The operations whose change restarts it."""
+    if not m.alertmanager_managed:
+        return []
+    try:
+        targets = receivers.relay_targets(m.alert_receivers, secret_sources.read_text)
+    except (OSError, SecretSourceError) as exc:   # names the source, never a secret
+        raise OperationError(f"{host.name}: alert_receivers: {getattr(exc, 'strerror', None) or exc}") from None
+    if not targets:
+        if host.get_fact(File, path=RELAY_UNIT_PATH) is not None:
+            systemd.service(name="No alert relay (no webhook with a secret URL): stopped",
+                            service=layout.ALERT_RELAY_UNIT, running=False, enabled=False)
+            files.file(name="No alert relay unit", path=RELAY_UNIT_PATH, present=False)
+            files.file(name="No alert relay credential", path=layout.ALERT_RELAY_CRED, present=False)
+            files.directory(name="No alert relay guard drop-in",
+                            path=f"{RELAY_UNIT_PATH}.d", present=False)
+            systemd.daemon_reload(name="Reload systemd units (alert relay gone)")
+        return []
+    apt.packages(name="python3 (the alert relay)", packages=["python3"], extra_install_args=NO_RECOMMENDS)
+    program = files.put(name="Alert relay program", src=str(RELAY_SRC), dest=layout.ALERT_RELAY_BIN,
+                        user="root", group="root", mode="755")
+    files.directory(name="Alert relay credential directory (0700)", path=posixpath.dirname(layout.ALERT_RELAY_CRED),
+                    user="root", group="root", mode="700")
+    urls = secrets_ops.encrypted_credential(
+        name="Alert relay: the webhooks' secret URLs (encrypted, not shown)",
+        content=json.dumps(list(targets)) + "\n", cred=layout.ALERT_RELAY_CRED,
+        cred_name=layout.ALERT_RELAY_CREDENTIAL)
+    unit = files.put(name="Alert relay unit", src=StringIO(receivers.relay_unit_text()), dest=RELAY_UNIT_PATH,
+                     user="root", group="root", mode="644")
+    systemd.daemon_reload(name="Reload systemd units (alert relay)", _if=unit.did_change)
+    return [program, urls, unit]
+
+
 @deploy("Prometheus and alertmanager")
 def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> None:
     """On a monitor host: Prometheus scraping the inventory, alertmanager, both on loopback."""
@@ -256,6 +295,7 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
                      f'--storage.tsdb.retention.time={m.retention}"\n'),
         dest=layout.PROMETHEUS_DEFAULTS, user="root", group="root", mode="644")
     am_conf = _alertmanager_yml(m)
+    relay = _alert_relay(m)
     am_args = files.put(
         name="alertmanager on loopback, no cluster port",
         src=StringIO("# Managed by gpuserve (pyinfra)\n"
@@ -265,10 +305,12 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
         dest=layout.ALERTMANAGER_DEFAULTS, user="root", group="root", mode="644")
     # only root and Prometheus's own user open 9090 and 9093 (any local user could silence
     # every alert: issue 26); Prometheus and alertmanager do not start without the guard
+    # and the alert relay's port (only alertmanager posts alerts on to the receivers)
     service_guard("monitor", engine_guard.monitor_guard((monitoring.PROMETHEUS_PORT,
-                                                         monitoring.ALERTMANAGER_PORT)),
+                                                         monitoring.ALERTMANAGER_PORT, receivers.RELAY_PORT)),
                   engine_guard.MONITOR_TABLE, engine_guard.MONITOR_RULES_PATH, engine_guard.MONITOR_UNIT,
-                  dependents=("prometheus", "prometheus-alertmanager"))
+                  dependents=("prometheus", "prometheus-alertmanager",
+                              *([layout.ALERT_RELAY] if relay else [])))
     server.shell(name="promtool checks the configuration",
                  commands=[f"promtool check config {shlex.quote(monitoring.PROMETHEUS_YML)} >/dev/null"],
                  _if=any_changed(rules, conf, *secrets, *cas))
@@ -280,6 +322,10 @@ def monitor(settings: HostSettings, all_settings: dict[str, HostSettings]) -> No
     config_changed = any_changed(rules, conf, *secrets, *cas)
     server.shell(name="Prometheus reloads its configuration", commands=["systemctl reload prometheus"],
                  _if=lambda: config_changed() and not args.did_change())
+    if relay:
+        systemd.service(name="Alert relay running", service=layout.ALERT_RELAY_UNIT, running=True, enabled=True)
+        systemd.service(name="Alert relay restarted (its program, receivers or unit changed)",
+                        service=layout.ALERT_RELAY_UNIT, restarted=True, _if=any_changed(*relay))
     systemd.service(name="alertmanager running", service="prometheus-alertmanager", running=True,
                     enabled=True)
     systemd.service(name="alertmanager restarted (its configuration changed)",

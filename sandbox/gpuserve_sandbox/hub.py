@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from gpuserve.weights import hash_file
@@ -174,6 +174,24 @@ def publish_checkpoint(
     for ref in ([branch] if branch else []) + list(tags):
         set_ref(root, repo_id, ref, sha)
     return sha
+
+
+def write_sharded_checkpoint(src_dir: str | os.PathLike, shards: int, shard_bytes: int,
+                             random_bytes: Callable[[int], bytes]) -> dict[str, str]:
+    """Write a checkpoint of ``shards`` shards of ``random_bytes(shard_bytes)`` each
+    (``model-00001-of-0000N.safetensors``, ...) and a ``config.json`` into ``src_dir``: what a
+    weights test copies around. Returns each file's sha256 by name."""
+    src = Path(src_dir)
+    sums = {}
+    for i in range(1, shards + 1):
+        data = random_bytes(shard_bytes)
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        (src / name).write_bytes(data)
+        sums[name] = hashlib.sha256(data).hexdigest()
+    config = json.dumps({"architectures": ["Test"]}).encode()
+    (src / "config.json").write_bytes(config)
+    sums["config.json"] = hashlib.sha256(config).hexdigest()
+    return sums
 
 
 def publish_tiny_checkpoint(root: str | os.PathLike, repo_id: str, *, seed: int, variant: int = 0,

@@ -13,7 +13,6 @@ In the default run (about a minute).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -22,7 +21,7 @@ import pytest
 
 from gpuserve import fanout, layout
 from gpuserve_sandbox import fleet as fleet_view
-from gpuserve_sandbox.hub import publish_checkpoint
+from gpuserve_sandbox.hub import publish_checkpoint, write_sharded_checkpoint
 from gpuserve_sandbox.runner import pyinfra_in_background
 
 NVME = "/srv/nvme"  # group_data/sandbox.py
@@ -40,18 +39,9 @@ def hosts(make_hosts, sandbox_hub):
 @pytest.fixture(scope="module")
 def ckpt(sandbox_hub, tmp_path_factory):
     src = tmp_path_factory.mktemp("fanout-ckpt")
-    rng = __import__("random").Random(7)
-    files = {}
-    for i in range(1, 9):
-        data = rng.randbytes(SHARD)
-        name = f"model-{i:05d}-of-00008.safetensors"
-        (src / name).write_bytes(data)
-        files[name] = hashlib.sha256(data).hexdigest()
-    cfg = json.dumps({"architectures": ["Test"]}).encode()
-    (src / "config.json").write_bytes(cfg)
-    files["config.json"] = hashlib.sha256(cfg).hexdigest()
+    files = write_sharded_checkpoint(src, 8, SHARD, __import__("random").Random(7).randbytes)
     sha = publish_checkpoint(sandbox_hub.root, MODEL, src, branch=None)
-    return {"sha": sha, "files": files, "total": 8 * SHARD + len(cfg)}
+    return {"sha": sha, "files": files, "total": 8 * SHARD + (src / "config.json").stat().st_size}
 
 
 @pytest.fixture(scope="module")

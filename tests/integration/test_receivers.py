@@ -81,6 +81,11 @@ def test_a_fired_alert_arrives_in_the_mailbox_and_at_the_webhook(monitor, conver
                                 "readlink /etc/prometheus/alertmanager.yml; "
                                 "test -f /etc/prometheus/alertmanager.yml.cred && echo cred").stdout.split()
     assert mode == ["root:prometheus", "640", "/run/gpuserve/secrets/alertmanager.yml", "cred"]
+    # the webhook's URL is a secret: alertmanager posts to the alert relay, which holds it in its
+    # credential (alertmanager 0.25 logs a URL it cannot reach)
+    conf = sandbox.ssh(monitor, "cat /etc/prometheus/alertmanager.yml").stdout
+    assert "http://127.0.0.1:9095/0" in conf and str(HOOK_PORT) not in conf
+    assert sandbox.ssh(monitor, "systemctl is-active gpuserve-alert-relay").stdout.strip() == "active"
     # as Prometheus does: an alert posted to alertmanager's API
     sandbox.ssh(monitor, "amtool --alertmanager.url=http://127.0.0.1:9093 alert add "
                          f"alertname={ALERT} severity=critical host={monitor.name} "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuserve import engine_guard, gateway, meter, proxy_conf, stack, tenants
+from gpuserve import engine_guard, gateway, meter, proxy_conf, receivers, stack, tenants
 from gpuserve.config import validate_inventory
 from gpuserve.host_plan import plan_host
 from gpuserve.layers import monitoring, proxy, units, watchdog
@@ -91,6 +91,7 @@ def _other_units() -> dict[str, str]:
         "guard/prometheus.service.d/gpuserve-guard.conf": engine_guard.requires_dropin(engine_guard.MONITOR_UNIT),
         "watchdog/gpuserve-watchdog@.service": watchdog.unit_text(),
         "meter/gpuserve-meter.service": meter.unit_text(),
+        "monitor/gpuserve-alert-relay.service": receivers.relay_unit_text(),   # issue 29
         "gateway/gpuserve-gateway.service": gateway.unit(g, gateway.venv_dir(g.smg_version, "3.11")),
         "gateway/gpuserve-gateway-sticky.service": gateway.unit(sticky, gateway.venv_dir(g.smg_version, "3.12")),
         "nginx/nginx.service.d/gpuserve.conf": proxy_conf.NGINX_DROPIN,
@@ -184,7 +185,8 @@ def test_the_hardening_block_is_written_once_and_every_unit_includes_it():
                if any(line in p.read_text() for line in shared)}
     assert spelled == {"_hardening.j2"}
     units = sorted(p.name for p in templating.TEMPLATES.glob("*.service.j2"))
-    assert len(units) == 6, units   # gpuserve-meter.service.j2: the token meter (issue 29)
+    # gpuserve-meter.service.j2: the token meter, gpuserve-alert-relay.service.j2: the alert relay (issue 29)
+    assert len(units) == 7, units
     for name in [*units, "dropin-nginx.conf.j2"]:
         assert '{% import "_hardening.j2" as hardening -%}' in (templating.TEMPLATES / name).read_text(), name
     # and what they render holds it: every unit of the recorded set is confined
