@@ -27,7 +27,7 @@ from gpuserve.layers.patch import refuse_unfinished_patch
 from gpuserve.layers.proxy import proxy
 from gpuserve.layers.removal import removal
 from gpuserve.layers.rollout import hold_writer_lock
-from gpuserve.layers.units import service
+from gpuserve.layers.units import service, service_install
 from gpuserve.layers.watchdog import watchdog
 from gpuserve.layers.fanout import stage_begin, stage_end
 
@@ -45,11 +45,12 @@ if settings.serves:   # False on a host of role groups only (gateway, monitor): 
                        "deploys/upgrade.py, which moves it out of rotation first; nothing changes here")
     gpu_stack(disruptive=pending is None)
     engine_begin(plan)      # the venv builds from here, in a host-side unit (after the driver: it loads it)
-    early_packages(settings)   # the service and proxy layers' packages, meanwhile
+    early_packages(settings)   # meanwhile: the service and proxy layers' packages,
+    installed = service_install(plan)   # and each deployment's release files, secrets and unit
     engine_wait(plan)
     stage_end(settings)     # the weights step: waits for that copy, or stages it now
     removed = removal(settings)   # frees the GPUs and ports of deployments that left the plan
-    service(plan, removed=removed.releases)
+    service(plan, removed=removed.releases, installed=installed)   # guard, start, gate, retention
     proxy(plan, sites_removed=removed.proxy_sites, drain_flags=removed.drain_flags)
 
 # --- the fleet gateway (docs/gateway.md): hosts of the group `gateway`, after every host's proxy

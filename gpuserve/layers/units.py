@@ -13,9 +13,10 @@ down; nothing else restarts it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -88,32 +89,52 @@ def _secrets_content(plan: HostPlan, name: str) -> str | None:
     return "".join(f"{k}={v}\n" for k, v in env.items())
 
 
+@dataclass(frozen=True)
+class Installed:
+    """What :func:`service_install` did for one deployment, which its start decides on."""
+    state: DeploymentState
+    unit: Any               # the unit file's operation (did it change?)
+    changed_secrets: bool
+
+
+@deploy("Service: install")
+def service_install(plan: HostPlan) -> dict[str, Installed]:
+    """Each deployment's release files, secrets, listener guard and unit (enabled, not started):
+    nothing here needs the engine's venv or the weights, so deploys/serve.py runs it while they
+    arrive (issue 24). :func:`service` starts and gates with what it returns."""
+    apt.packages(name="curl for the readiness checks", packages=["curl"])
+    files.directory(name="gpuserve tools", path=f"{layout.OPT_DIR}/bin", user="root", group="root",
+                    mode="755")
+    files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
+    secrets_ops.credentials_tool()   # the engine units' ExecStartPre=+ decrypts their secrets with it
+    return {dep.name: _install(plan, dep) for dep in plan.settings.deployments}
+
+
 @deploy("Service")
-def service(plan: HostPlan, *, start: bool = True, removed: Sequence[Release] = ()) -> None:
-    """Install each deployment's release (the plan's), unit and secrets; start and gate where
+def service(plan: HostPlan, *, start: bool = True, removed: Sequence[Release] = (),
+            installed: dict[str, Installed] | None = None) -> None:
+    """Install each deployment's release (the plan's), unit and secrets (``installed``: what
+    :func:`service_install` did earlier in this run; None: install here); start and gate where
     that is safe.
 
     ``start=False`` only stages (upgrade and rollback switch releases themselves, host by host).
     ``removed``: the releases of deployments the removal layer took off the host, whose engine
     envs and checkpoints retention collects unless a kept release uses them.
     """
-    apt.packages(name="curl for the readiness checks", packages=["curl"])
-    files.directory(name="gpuserve tools", path=f"{layout.OPT_DIR}/bin", user="root", group="root",
-                    mode="755")
-    files.put(name="Readiness gate", src=str(GATE_SRC), dest=GATE, user="root", group="root", mode="755")
-    secrets_ops.credentials_tool()   # the engine units' ExecStartPre=+ decrypts their secrets with it
-    # before any engine starts: only the proxy and gpuserve open the engine ports (issue 12, 6)
+    if installed is None:
+        installed = service_install(plan)
+    # before any engine starts: only the proxy and gpuserve open the engine ports (issue 12, 6);
+    # after the removal layer, which stops the engines of the ports this leaves unguarded
     settings = plan.settings
     engine_guard_layer(settings)
-    pointers = {dep.name: _deployment(plan, dep, start) for dep in settings.deployments}
+    pointers = {dep.name: _start(plan, dep, installed[dep.name], start) for dep in settings.deployments}
     _retention(plan, pointers, removed)
 
 
-def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[str | None, str | None]:
-    """Install one deployment; its (current, previous) releases after this run, for retention."""
-    settings, where, rendered = plan.settings, plan.deployment(dep.name), plan.release(dep.name)
+def _install(plan: HostPlan, dep: DeploymentSettings) -> Installed:
+    """One deployment's release files, secrets, listener guard and unit."""
+    where, rendered = plan.deployment(dep.name), plan.release(dep.name)
     name, rid = dep.name, rendered.id
-    serve = plan.serve_configs[name]   # rendered once, by validation
     state: DeploymentState = host.get_fact(Deployment, deployment=name, health_url=where.health_url)
 
     rdir = plan.release_dir(name)
@@ -138,7 +159,6 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
     else:
         op = secrets_ops.credential_file(name=f"{name}: engine secrets (encrypted, not shown)", content=secrets,
                                          dest=secrets_path, cred_name=f"{name}.secrets.env")
-    changed_secrets = op.will_change
 
     listeners_file = listeners_path(where.deployment_dir)
     listeners = files.put(
@@ -154,7 +174,15 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
     systemd.daemon_reload(name=f"{name}: reload systemd units", _if=unit.did_change)
     systemd.service(name=f"{name}: unit enabled at boot", service=where.unit,
                     running=None, enabled=True)
+    return Installed(state, unit, op.will_change)
 
+
+def _start(plan: HostPlan, dep: DeploymentSettings, installed: Installed,
+           start: bool) -> tuple[str | None, str | None]:
+    """Start and gate one installed deployment where that is safe; its (current, previous)
+    releases after this run, for retention."""
+    settings, state, unit = plan.settings, installed.state, installed.unit
+    name, rid, serve = dep.name, plan.release(dep.name).id, plan.serve_configs[dep.name]
     if not start:
         return state.current, state.previous
     ledger = Ledger(tuple(dict.fromkeys((*state.releases, rid))), state.current, state.previous)
@@ -167,7 +195,7 @@ def _deployment(plan: HostPlan, dep: DeploymentSettings, start: bool) -> tuple[s
         server.shell(name=f"{name}: current -> {after.current}"
                           + (f", previous -> {after.previous}" if after.previous else ""),
                      commands=rollout.pointer_commands(name, after.current, after.previous))
-    restart = (switch or unit.will_change or changed_secrets
+    restart = (switch or unit.will_change or installed.changed_secrets
                or state.active_state in ("", "inactive", "failed")
                or (state.active_state == "active" and state.health != 200))
     if switch:   # a release's first start on this host: from the fleet's compiled caches

@@ -141,6 +141,7 @@ def _stub_layers(monkeypatch, seen: dict):
     monkeypatch.setattr(engine_layer, "engine_wait", none)
     monkeypatch.setattr(units, "service",
                         lambda plan, **kw: seen.setdefault("service", []).append(plan.releases))
+    monkeypatch.setattr(units, "service_install", lambda plan: {})
     monkeypatch.setattr(rollout_layer, "deployment_state", lambda plan, name: SimpleNamespace(
         current=None, previous=None, releases=(), interrupted=False,
         url=seen.setdefault("health", []).append(plan.deployment(name).health_url)))
