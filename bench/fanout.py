@@ -347,7 +347,7 @@ def main() -> None:
                   f"({fr['bytes'] / 2**30:.2f} GiB, links {args.rate_mbit:g} Mbit/s)",
                   [(name, f"{sec:.0f} s", "") for name, sec in fr["steps"].items()] + [
                       ("converge wall", f"{fr['wall']:.0f} s", ""),
-                      ("converge wall / longest step", f"{fr['wall'] / longest:.2f}", "target <= 1.2"),
+                      ("converge wall / longest step", f"{fr['wall'] / longest:.3f}", "target <= 1.2"),
                       ("steps one after another / converge wall", f"{fr['serial'] / fr['wall']:.2f}",
                        "what the overlap saved"),
                   ])

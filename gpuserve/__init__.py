@@ -147,6 +147,7 @@ facts/: pyinfra facts, each beside its pure parser
     nvidia          nvidia-smi's GPUs, the loaded and installed driver, NVSwitches, CUDA
     removal         what gpuserve has on a host (gpuserve.removal reads it)
     ssh             the host's SSH host key, which the fan-out's peers pin
+    status          what `gpuserve status` asks: /health, units' states, a watchdog's counters
 """
 
 __version__ = "0.2.0"
