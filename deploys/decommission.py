@@ -9,7 +9,8 @@ hosts (gateway, monitor) included: only hosts whose data says decommission = Tru
 A run that includes a host without decommission = True is refused before any host is touched.
 Packages (nginx, curl, Prometheus and its exporters, the GPU driver stack) stay: they are
 Debian's or the GPU stack's, not gpuserve's files; the services whose configuration gpuserve wrote
-are stopped and disabled (docs/removal.md). Running it again finds nothing to remove.
+are stopped and disabled (docs/removal.md). Running it again finds nothing to remove. It holds
+the rollout lock while it runs, like deploys/serve.py: during a rollout it refuses, naming it.
 """
 
 from pyinfra.api.exceptions import PyinfraError
@@ -17,6 +18,7 @@ from pyinfra.context import ctx_state
 
 from gpuserve.layers.context import all_settings, host_settings
 from gpuserve.layers.removal import decommission
+from gpuserve.layers.rollout import hold_writer_lock
 from gpuserve.removal import refused_hosts
 
 state = ctx_state.get()
@@ -25,4 +27,6 @@ refused = refused_hosts({h.name: s.decommission for h in state.inventory if h in
 if refused:
     raise PyinfraError(refused)
 
+# it drains and removes what a rollout moves: never during one; the lock's directory goes last
+hold_writer_lock("decommission", leaving=True)
 decommission(host_settings())

@@ -8,16 +8,19 @@ it moves the stack host by host, out of rotation first (docs/gpu-stack.md, "Roll
 changes"). Use this for hosts you took out of service yourself.
 A host that rebooted starts its engines and passes their readiness gate before the run ends.
 Idempotent: a second run changes nothing. docs/gpu-stack.md. A host whose OS update move
-(deploys/patch.py) did not finish refuses the run: deploys/patch.py finishes it first.
+(deploys/patch.py) did not finish refuses the run: deploys/patch.py finishes it first. It holds
+the rollout lock while it runs: during a rollout it refuses, naming it.
 """
 
 from gpuserve.layers.base import base_layout
 from gpuserve.layers.context import host_plan, host_settings
 from gpuserve.layers.gpu_stack import gpu_stack
 from gpuserve.layers.patch import refuse_unfinished_patch
+from gpuserve.layers.rollout import hold_writer_lock
 from gpuserve.layers.units import gate_after_reboot
 
 settings = host_settings()
+hold_writer_lock("GPU stack converge")   # it stops engines and reboots: never during a rollout
 
 if settings.serves:   # a host of role groups only (gateway, monitor) has no GPU stack
     refuse_unfinished_patch("GPU stack converge", settings)   # deploys/patch.py finishes it

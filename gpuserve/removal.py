@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
@@ -389,6 +389,15 @@ def leftovers(footprint: Footprint, keep: Iterable[str]) -> list[Removal]:
     """The deployments on the host that the plan does not keep, each with what removing it takes."""
     kept = set(keep)
     return [removal(f) for name, f in footprint.deployments.items() if name not in kept]
+
+
+def without_the_runs_lock(footprint: Footprint) -> Footprint:
+    """The footprint less the rollout lock's directory: a decommission holds that lock while it
+    runs (deploys/decommission.py), and its release removes the directory last, once every
+    operation has ended (gpuserve.rollout.lock.lock_release)."""
+    lock_dir = layout.ROLLOUT_LOCK_DIR
+    return replace(footprint, host_paths=tuple(p for p in footprint.host_paths if p != lock_dir),
+                   links=tuple(p for p in footprint.links if p != lock_dir))
 
 
 def decommission_paths(footprint: Footprint) -> tuple[str, ...]:

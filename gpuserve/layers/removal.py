@@ -72,8 +72,10 @@ def removal(settings: HostSettings) -> Removed:
 
 @deploy("Decommission")
 def decommission(settings: HostSettings) -> None:
-    """Remove every deployment, then everything else gpuserve made on the host."""
-    found = footprint(settings)
+    """Remove every deployment, then everything else gpuserve made on the host. The rollout lock
+    this run holds (deploys/decommission.py) goes last, with its directory, when the run releases
+    it."""
+    found = plan.without_the_runs_lock(footprint(settings))
     gone = plan.leftovers(found, [])
     rest = plan.decommission_paths(found)
     for r in gone:

@@ -139,12 +139,13 @@ def _skipped_hosts(state, kind: str, settings: dict[str, HostSettings]) -> list[
 
 # --- one writer at a time: deploys that touch rotation outside a rollout ---------------------------
 
-def hold_writer_lock(kind: str) -> None:
+def hold_writer_lock(kind: str, *, leaving: bool = False) -> None:
     """For a deploy that writes what a rollout moves (a gateway's worker file, drain flags, units:
-    deploys/serve.py, deploys/gateway.py): take the rollout lock on this host while the deploy
-    prepares, keep it fresh while it runs, and give it back when its last operation has ended.
-    During a rollout the deploy refuses before any host is touched, naming the rollout; a rollout
-    started meanwhile refuses, naming this run. Not an operation (a second converge still changes
+    deploys/serve.py, deploys/gateway.py, deploys/decommission.py; ``leaving``: the deploy removes
+    gpuserve from the host, so the release removes the lock's directory too): take the rollout
+    lock on this host while the deploy prepares, keep it fresh while it runs, and give it back
+    when its last operation has ended. During a rollout the deploy refuses before any host is
+    touched, naming the rollout; a rollout started meanwhile refuses, naming this run. Not an operation (a second converge still changes
     nothing); with --dry only a warning when the lock is held. pyinfra --serial/--no-wait do not
     end operations one by one: there the lock stays until this process is gone (the next run on
     this control node breaks it) or rollout_lock_stale_s passes."""
@@ -159,7 +160,7 @@ def hold_writer_lock(kind: str) -> None:
         return
     writer = getattr(state, "_gpuserve_writer", None)
     if writer is None:
-        writer = state._gpuserve_writer = _Writer(_holder(kind))
+        writer = state._gpuserve_writer = _Writer(_holder(kind), remove_dir=leaving)
         state.add_callback_handler(writer)
     try:
         writer.hosts += _lock_all([ctx_host.get()], writer.me, settings)
@@ -174,8 +175,9 @@ def hold_writer_lock(kind: str) -> None:
 class _Writer(BaseStateCallback):
     """The lock a converge holds; released when the run's last operation ends."""
 
-    def __init__(self, me: LockHolder):
+    def __init__(self, me: LockHolder, remove_dir: bool = False):
         self.me, self.hosts, self.refresher, self.last = me, [], None, None
+        self.remove_dir = remove_dir
 
     def operation_end(self, state, op_hash) -> None:
         if self.last is None:
@@ -186,7 +188,7 @@ class _Writer(BaseStateCallback):
     def release(self) -> None:
         if self.refresher is not None:
             self.refresher.kill()
-        _unlock(self.hosts, self.me)
+        _unlock(self.hosts, self.me, self.remove_dir)
         self.hosts.clear()
 
 

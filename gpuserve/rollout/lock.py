@@ -83,11 +83,16 @@ def lock_replace(old_run: str, holder: LockHolder) -> str:
                    f"printf '%s\\n' {q(holder.to_json())} > {tmp} && mv -f {tmp} {LOCK_FILE}")
 
 
-def lock_release(run: str) -> str:
-    """Remove the lock only if this run holds it."""
+def lock_release(run: str, remove_dir: bool = False) -> str:
+    """Remove the lock only if this run holds it; ``remove_dir``: its directory too (a
+    decommission, which leaves nothing of gpuserve's on the host), and make none when it is gone."""
     q = shlex.quote
-    return _locked(f"if grep -qF {q(_marker(run))} {LOCK_FILE} 2>/dev/null; "
-                   f"then rm -f {LOCK_FILE}; fi")
+    if not remove_dir:
+        return _locked(f"if grep -qF {q(_marker(run))} {LOCK_FILE} 2>/dev/null; "
+                       f"then rm -f {LOCK_FILE}; fi")
+    d = posixpath.dirname(LOCK_FILE)
+    inner = f"if grep -qF {q(_marker(run))} {LOCK_FILE} 2>/dev/null; then rm -rf {d}; fi"
+    return f"if [ -d {d} ]; then flock -w 30 {d}/.mutex sh -c {q(inner)}; fi"
 
 
 def parse_lock_output(output: str) -> tuple[bool, LockHolder | None]:

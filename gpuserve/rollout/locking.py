@@ -111,9 +111,9 @@ def beat(hosts: list, me: LockHolder) -> None:
                               "somebody broke it: stopping")
 
 
-def unlock(hosts: list, me: LockHolder) -> None:
+def unlock(hosts: list, me: LockHolder, remove_dir: bool = False) -> None:
     for h in hosts:
         try:
-            shell(h, lock.lock_release(me.run), COMMAND_TIMEOUT_S)
+            shell(h, lock.lock_release(me.run, remove_dir), COMMAND_TIMEOUT_S)
         except MoveFailed as exc:   # unreachable: the lock stays until it is stale or broken
             logger.warning(f"    could not release the rollout lock: {exc}")
