@@ -18,7 +18,7 @@ python_version = "3.11"
 nvme_path = "/srv/nvme"   # a plain directory on sandbox hosts
 
 # The tiny test checkpoint: publish_tiny_checkpoint(root, "gpuserve-test/tiny-chat", seed=0,
-# variant=0) from gpuserve_sandbox.hub gives exactly this commit (tests/unit/test_sandbox_pin.py
+# variant=0) from gpuserve_sandbox.hub gives exactly this commit (sandbox/tests/test_sandbox_pin.py
 # checks it and prints the sha to pin if it ever changes). It is served by the sandbox hub on
 # the instance's bridge address.
 model_repo = "gpuserve-test/tiny-chat"

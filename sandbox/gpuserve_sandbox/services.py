@@ -91,7 +91,7 @@ def start_hub(state_dir: Path, instance: int) -> str:
         sha = publish_sandbox_checkpoints(base / "repos")
         if sha != pinned:
             raise SandboxError(f"the tiny checkpoint hashes to {sha} but group_data/sandbox.py pins "
-                               f"{pinned}: regenerate the pin (tests/unit/test_sandbox_pin.py)")
+                               f"{pinned}: regenerate the pin (sandbox/tests/test_sandbox_pin.py)")
         out = open(base / "server.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuserve_sandbox.hub", "--root", str(base / "repos"),

@@ -11,7 +11,7 @@ from gpuserve_sandbox import simgpu, standin_repo
 from gpuserve_sandbox.simgpu import HostSpec
 from gpuserve_sandbox.util import SandboxError
 
-from .test_standin_repo import CUDA_URL, ROCM_URL, _packages
+from test_standin_repo import CUDA_URL, ROCM_URL, _packages
 
 K40, K41, K42 = (standin_repo.kernel_release(a) for a, _ in standin_repo.KERNELS)
 
