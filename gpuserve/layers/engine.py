@@ -86,8 +86,7 @@ def engine_wait(plan: HostPlan) -> eng.EngineSpec:
     (its steps as it reaches them), or builds it now; atomically either way."""
     spec = _spec(plan)
     steps = "uv venv, uv pip install" + (", vllm download-kernels" if spec.kernels else "")
-    venv(name=f"Engine venv {spec.id} ({steps}, verify, rename)", spec=spec,
-         uv=eng.uv_path(plan.settings.uv_version), remote_set=_remote_set(plan))
+    venv(name=f"Engine venv {spec.id} ({steps}, verify, rename)", spec=spec)
     return spec
 
 

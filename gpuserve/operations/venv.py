@@ -11,9 +11,9 @@ deletes a venv. The engine layer (gpuserve.layers.engine) and the gateway layer
 The engine's venv can build in the background (issue 24): ``venv_begin`` starts its build script
 in a transient host-side unit (``systemd-run``, ``gpuserve.layout.engine_build_unit``) and returns
 at once, so the converge's next steps run while it builds; ``venv`` then waits for that unit,
-printing the build's steps as it reaches them, and runs the same script once more, which finds
-the venv built (or, when no background build ran, builds it there and then). The script's own
-per-id lock keeps two builds of one id from ever running at once.
+printing the build's steps as it reaches them, and fails the host with the end of the build's
+output when it ended without the venv. The unit goes when it ends, and its script with it. The
+script's own per-id lock keeps two builds of one id from ever running at once.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from gpuserve import layout, wheelhouse
 BUILD_POLL_S = 2
 BUILD_QUIET_S = 30      # no new step for this long: a line that says the build still runs
 BUILD_WAIT_S = 7200     # as long as the script itself waits for another build's lock
+BUILD_START_S = 10      # a unit not seen running this long after the wait began: it ended
 
 
 @operation()
@@ -65,12 +66,14 @@ def pushed_wheels(wset: wheelhouse.WheelSet, spec: eng.EngineSpec):
 
 def build_start_command(spec: eng.EngineSpec) -> str:
     """Start the build script in its transient unit, unless that unit runs already (a converge
-    killed while it waited leaves it building): pure."""
+    killed while it waited leaves it building): pure. The unit goes once it ends, failed or not
+    (``--collect``), and its script with it (``ExecStopPost=``): a converge killed meanwhile
+    leaves nothing of the build behind but the venv, or nothing at all."""
     unit, script = layout.engine_build_unit(spec.id), layout.engine_build_script(spec.id)
     q = shlex.quote
-    return (f"systemctl is-active -q {q(unit)} || systemd-run --quiet --no-block --unit={q(unit)} "
+    return (f"systemctl is-active -q {q(unit)} || systemd-run --quiet --no-block --collect --unit={q(unit)} "
             f"--description={q(f'gpuserve: build the engine venv {spec.id}')} --setenv=HOME=/root "
-            f"/bin/sh {q(script)}")
+            f"-p {q(f'ExecStopPost=/bin/rm -f {script}')} /bin/sh {q(script)}")
 
 
 @operation()
@@ -87,25 +90,24 @@ def venv_begin(spec: eng.EngineSpec, uv: str, remote_set: str | None):
 
 
 @operation()
-def venv(spec: eng.EngineSpec, uv: str, remote_set: str | None):
-    """The engine venv ``spec.env_dir``, built atomically (``gpuserve.engine.build_script``): waits
-    for the background build ``venv_begin`` started, if any, then runs the script, which ends at
-    once when that build made the venv."""
+def venv(spec: eng.EngineSpec):
+    """The engine venv ``spec.env_dir``, built atomically (``gpuserve.engine.build_script``) by the
+    background build ``venv_begin`` started: waits for it; when it ended without making the venv,
+    fails the host with the end of the build's output."""
     if host.get_fact(Directory, path=spec.env_dir):
         host.noop(f"{spec.env_dir} is built")
         return
     yield FunctionCommand(_wait_for_build, (spec,), {})
-    yield eng.build_script(spec, uv, remote_set)
-    yield f"rm -f {shlex.quote(layout.engine_build_script(spec.id))}"
 
 
 def _wait_for_build(state: Any, host: Any, spec: eng.EngineSpec) -> bool:
     """While the build's unit runs: each step it reaches, as a line ("[95 s] uv pip install
-    ..."), and a line every ``BUILD_QUIET_S`` without one. A failed build shows its log's end and
-    fails the host; the unit is reset so that nothing of it stays on the host."""
+    ..."), and a line every ``BUILD_QUIET_S`` without one. A build that ended without making the
+    venv fails the host, showing the end of its output (its unit's journal)."""
     unit, q = layout.engine_build_unit(spec.id), shlex.quote
-    shown, last_line = 0, time.monotonic()
-    deadline = last_line + BUILD_WAIT_S
+    shown, last_line, started = 0, time.monotonic(), False
+    begun = last_line
+    deadline = begun + BUILD_WAIT_S
     while time.monotonic() < deadline:
         ok, out = host.run_shell_command(
             f"systemctl show -p ActiveState --value {q(unit)}; grep -a '^gpuserve: \\[' {q(spec.log_file)} "
@@ -117,13 +119,18 @@ def _wait_for_build(state: Any, host: Any, spec: eng.EngineSpec) -> bool:
             host.log_styled(f"engine venv {spec.id}: {line.removeprefix('gpuserve: ')}", log_func=logger.info)
             last_line = time.monotonic()
         shown = max(shown, len(steps))
-        if active == "failed":
-            _, log = host.run_shell_command(f"tail -n 40 {q(spec.log_file)}; systemctl reset-failed {q(unit)}")
+        if active in ("active", "activating", "deactivating", "reloading"):
+            started = True
+        elif host.run_shell_command(f"test -d {q(spec.env_dir)}")[0]:
+            return True   # built (its transient unit, --collect, is gone)
+        elif started or time.monotonic() - begun >= BUILD_START_S:
+            # ended without the venv, or never seen running though systemd-run queued it
+            # BUILD_START_S ago at least
+            _, log = host.run_shell_command(f"journalctl -u {q(unit)} -n 40 -o cat --no-pager")
             host.log_styled(f"{host.name}: the engine venv {spec.id} failed to build ({unit}); the end of "
-                            f"{spec.log_file}:\n" + "\n".join(log.stdout_lines), fg="red", log_func=logger.error)
+                            f"its output (also in {spec.log_file}):\n" + "\n".join(log.stdout_lines),
+                            fg="red", log_func=logger.error)
             return False
-        if active not in ("active", "activating", "deactivating", "reloading"):
-            return True   # ended (a transient unit that succeeded is gone), or never started here
         if time.monotonic() - last_line >= BUILD_QUIET_S:
             where = steps[-1].removeprefix("gpuserve: ") if steps else "starting"
             host.log_styled(f"engine venv {spec.id}: still building, at {where}", log_func=logger.info)
