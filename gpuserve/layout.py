@@ -187,6 +187,7 @@ def systemd_dropin_path(service: str, name: str) -> str:
     return posixpath.join(SYSTEMD_DIR, f"{service}.service.d", name)
 
 
+GUARD_DROPIN = "gpuserve-guard.conf"   # a service's drop-in that requires its guard (engine_guard.requires_dropin)
 NGINX_CREDENTIALS_DROPIN = systemd_dropin_path("nginx", "gpuserve-credentials.conf")   # decrypts nginx's keys
 PROMETHEUS_CREDENTIALS_DROPIN = systemd_dropin_path("prometheus", "gpuserve-credentials.conf")   # scrape keys
 ALERTMANAGER_CREDENTIALS_DROPIN = systemd_dropin_path("prometheus-alertmanager", "gpuserve-credentials.conf")

@@ -76,6 +76,12 @@ HOST_PATHS = (
     monitoring.SCRAPE_CA_DIR,             # a monitor's copies of the hosts' certificates
     meter.PROGRAM_DIR,                    # the token meter's mtail program (gpuserve.meter)
     proxy_conf.USAGE_LOG,                 # the proxy's usage log (key ids, never keys); rotated copies stay
+    layout.GATEWAY_GUARD_RULES,           # the gateway's and the monitor's guards' rulesets (the engine
+    layout.MONITOR_GUARD_RULES,           # guard's is in ETC_DIR)
+    # the drop-ins that make a monitor's services require its guard (layers/engine_guard.service_guard)
+    layout.systemd_dropin_path("prometheus", layout.GUARD_DROPIN),
+    layout.systemd_dropin_path("prometheus-alertmanager", layout.GUARD_DROPIN),
+    f"{SYSTEMD_DIR}/{layout.ALERT_RELAY_UNIT}.d",   # the alert relay's (its unit is MARKED)
 )
 WATCHDOG_TEMPLATE = layout.WATCHDOG_UNIT_PATH   # gpuserve.layers.watchdog.UNIT
 GATEWAY_UNIT = layout.systemd_unit_path(gateway.UNIT)
@@ -84,7 +90,9 @@ GATEWAY_UNIT = layout.systemd_unit_path(gateway.UNIT)
 MARKED: tuple[tuple[str, str | None], ...] = (
     (WATCHDOG_TEMPLATE, None),            # its instances go with their deployments
     (GATEWAY_UNIT, gateway.UNIT),
-    (engine_guard.UNIT_PATH, engine_guard.UNIT),   # stopping it drops its nftables table
+    # the guards after what they guard (stopping one drops its nftables table)
+    (layout.systemd_unit_path(engine_guard.GATEWAY_UNIT), engine_guard.GATEWAY_UNIT),   # a gateway's smg
+    (engine_guard.UNIT_PATH, engine_guard.UNIT),
     (layout.systemd_unit_path(meter.UNIT), meter.UNIT),   # the token meter (mtail)
     (layout.systemd_unit_path(layout.ALERT_RELAY_UNIT), layout.ALERT_RELAY_UNIT),   # a monitor's alert relay
     (layout.NODE_EXPORTER_DEFAULTS, "prometheus-node-exporter.service"),
@@ -92,6 +100,7 @@ MARKED: tuple[tuple[str, str | None], ...] = (
     (monitoring.PROMETHEUS_YML, "prometheus.service"),
     (layout.ALERTMANAGER_DEFAULTS, "prometheus-alertmanager.service"),
     (monitoring.ALERTMANAGER_YML, "prometheus-alertmanager.service"),
+    (layout.systemd_unit_path(engine_guard.MONITOR_UNIT), engine_guard.MONITOR_UNIT),   # Prometheus, alertmanager
 )
 
 
@@ -434,7 +443,7 @@ def decommission_services(footprint: Footprint) -> tuple[ServiceStop, ...]:
     return tuple(out)
 
 
-FILE_SUFFIXES = (".conf", ".service", ".yml", ".prom", ".tmp", ".cred", *KEY_SUFFIXES, *RUN_SUFFIXES)
+FILE_SUFFIXES = (".conf", ".service", ".yml", ".prom", ".tmp", ".cred", ".log", ".nft", *KEY_SUFFIXES, *RUN_SUFFIXES)
 
 
 def is_file(path: str) -> bool:

@@ -55,7 +55,7 @@ def service_guard(what: str, guard: engine_guard.Guard, table: str, rules_path: 
         user="root", group="root", mode="644")
     needs = [files.put(name=f"{svc} requires the {what} guard (drop-in)",
                        src=StringIO(engine_guard.requires_dropin(unit)),
-                       dest=layout.systemd_dropin_path(svc, "gpuserve-guard.conf"),
+                       dest=layout.systemd_dropin_path(svc, layout.GUARD_DROPIN),
                        user="root", group="root", mode="644")
              for svc in dependents]
     systemd.service(name=f"{what.capitalize()} guard loaded, and at boot", service=unit, running=True,
