@@ -32,6 +32,7 @@ from pyinfra.operations import files
 from gpuserve import engine as eng
 from gpuserve import gateway as gw
 from gpuserve import layout, wheelhouse
+from gpuserve.operations.weights import connector_args
 
 BUILD_POLL_S = 2
 BUILD_QUIET_S = 30      # no new step for this long: a line that says the build still runs
@@ -97,13 +98,14 @@ def venv(spec: eng.EngineSpec):
     if host.get_fact(Directory, path=spec.env_dir):
         host.noop(f"{spec.env_dir} is built")
         return
-    yield FunctionCommand(_wait_for_build, (spec,), {})
+    yield FunctionCommand(_wait_for_build, (spec, connector_args()), {})
 
 
-def _wait_for_build(state: Any, host: Any, spec: eng.EngineSpec) -> bool:
+def _wait_for_build(state: Any, host: Any, spec: eng.EngineSpec, conn: dict) -> bool:
     """While the build's unit runs: each step it reaches, as a line ("[95 s] uv pip install
     ..."), and a line every ``BUILD_QUIET_S`` without one. A build that ended without making the
-    venv fails the host, showing the end of its output (its unit's journal)."""
+    venv fails the host, showing the end of its output (its unit's journal). ``conn``: the
+    operation's connection arguments (``_sudo``: the journal of a system unit needs root)."""
     unit, q = layout.engine_build_unit(spec.id), shlex.quote
     shown, last_line, started = 0, time.monotonic(), False
     begun = last_line
@@ -111,7 +113,7 @@ def _wait_for_build(state: Any, host: Any, spec: eng.EngineSpec) -> bool:
     while time.monotonic() < deadline:
         ok, out = host.run_shell_command(
             f"systemctl show -p ActiveState --value {q(unit)}; grep -a '^gpuserve: \\[' {q(spec.log_file)} "
-            "2>/dev/null || true")
+            "2>/dev/null || true", **conn)
         lines = [line.strip() for line in out.stdout_lines] if ok else []
         active = lines[0] if lines else ""
         steps = lines[1:]
@@ -121,12 +123,12 @@ def _wait_for_build(state: Any, host: Any, spec: eng.EngineSpec) -> bool:
         shown = max(shown, len(steps))
         if active in ("active", "activating", "deactivating", "reloading"):
             started = True
-        elif host.run_shell_command(f"test -d {q(spec.env_dir)}")[0]:
+        elif host.run_shell_command(f"test -d {q(spec.env_dir)}", **conn)[0]:
             return True   # built (its transient unit, --collect, is gone)
         elif started or time.monotonic() - begun >= BUILD_START_S:
             # ended without the venv, or never seen running though systemd-run queued it
             # BUILD_START_S ago at least
-            _, log = host.run_shell_command(f"journalctl -u {q(unit)} -n 40 -o cat --no-pager")
+            _, log = host.run_shell_command(f"journalctl -u {q(unit)} -n 40 -o cat --no-pager", **conn)
             host.log_styled(f"{host.name}: the engine venv {spec.id} failed to build ({unit}); the end of "
                             f"its output (also in {spec.log_file}):\n" + "\n".join(log.stdout_lines),
                             fg="red", log_func=logger.error)
