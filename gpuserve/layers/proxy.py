@@ -26,11 +26,11 @@ from gpuserve.config import HostSettings
 from gpuserve.host_plan import HostPlan, SecretInstall
 from gpuserve.operations import secrets as secrets_ops
 from gpuserve.layers.context import all_settings
-from gpuserve.layers.packages import PROXY_PACKAGES
 from gpuserve.secret_sources import SecretCommand, SecretSourceError
 from gpuserve.values import is_host
 
 NGINX_DIR = proxy_conf.NGINX_DIR
+PROXY_PACKAGES = ["nginx", proxy_conf.NJS_PACKAGE, "openssl"]
 
 
 # `systemctl reload nginx` returns once the master got the signal, while the old workers (old keys)
@@ -144,10 +144,7 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     settings = plan.settings
     if not settings.proxy:
         return
-    apt.packages(name=f"nginx, its njs module ({proxy_conf.NJS_PACKAGE}: the message limit) and openssl",
-                 packages=PROXY_PACKAGES)
-    default_site = files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE,
-                              present=False)
+    default_site = nginx_packages()
     # 0711: nginx's workers (www-data) only stat the drain flag here by name; they cannot list
     # the directory; the keys, the engine's key and the TLS key in it are links to their root 0600
     # copies in /run, systemd credentials at rest (issue 29: gpuserve/operations/secrets.py)
@@ -241,6 +238,23 @@ def proxy(plan: HostPlan, *, sites_removed: bool = False,
     token_meter()
 
 
+def nginx_packages():
+    """nginx with its njs module and openssl, and without Debian's default site; the site's
+    operation (a change reloads nginx). The packages layer runs it early too (it changes
+    nothing here then)."""
+    apt.packages(name=f"nginx, its njs module ({proxy_conf.NJS_PACKAGE}: the message limit) and openssl",
+                 packages=PROXY_PACKAGES)
+    return files.link(name="No default nginx site", path=layout.NGINX_DEFAULT_SITE, present=False)
+
+
+def mtail_package() -> None:
+    """mtail, with Debian's own mtail.service off (the token meter runs its own unit)."""
+    apt.packages(name="mtail (tokens per key from the proxy's usage log)", packages=[meter.PACKAGE],
+                 extra_install_args="--no-install-recommends")
+    systemd.service(name="Debian's mtail.service off (gpuserve-meter runs mtail)", service=meter.DEBIAN_UNIT,
+                    running=False, enabled=False)
+
+
 def meter_files():
     """The prompt routes' usage reader (njs, gpuserve.proxy_conf.METER_JS_TEXT) and the usage log,
     made before nginx opens it; the reader's operation (a change reloads nginx)."""
@@ -256,10 +270,7 @@ def token_meter() -> None:
     """mtail counting tokens per key from the usage log nginx writes (gpuserve.meter): on
     127.0.0.1:meter.PORT, confined; Debian's own mtail.service stays off. A changed program is
     reloaded (counters kept), a changed unit restarts it."""
-    apt.packages(name="mtail (tokens per key from the proxy's usage log)", packages=[meter.PACKAGE],
-                 extra_install_args="--no-install-recommends")
-    systemd.service(name="Debian's mtail.service off (gpuserve-meter runs mtail)", service=meter.DEBIAN_UNIT,
-                    running=False, enabled=False)
+    mtail_package()
     files.directory(name="Token meter program directory", path=meter.PROGRAM_DIR, user="root", group="root",
                     mode="755")
     program = files.put(name="Token meter program (mtail)", src=StringIO(meter.PROGRAM_TEXT), dest=meter.PROGRAM,
