@@ -16,7 +16,6 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.systemd import SystemdStatus
-from pyinfra.operations import server
 
 from gpuserve import admission as admission_checks
 from gpuserve import stack
@@ -25,6 +24,8 @@ from gpuserve.facts.amd import AmdgpuModule, AmdSmiGpus
 from gpuserve.facts.apt import AptHolds, AptPolicy
 from gpuserve.facts.nvidia import (CudaDeviceCount, NvidiaDriverGpus, NvidiaKernelModule, NvidiaSmiGpus,
                                    NvSwitchDevices)
+from gpuserve.rollout import rebooting
+from gpuserve.rollout.remote import MoveFailed
 from gpuserve.stack import PackageSpec
 
 
@@ -138,7 +139,18 @@ def reboot_for_driver(vendor: str, package: str, allowed: bool, delay: int, time
     if not allowed:
         yield fail(stack.reboot_refused_message(host.name, what, installed, loaded))
         return
-    yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=timeout)
+    yield FunctionCommand(_reboot, (delay, timeout, f"to load the {what}"), {})
+
+
+def _reboot(state, host, delay: int, timeout: int, why: str) -> bool:  # noqa: ARG001 - by name
+    """The one reboot path (gpuserve.rollout.rebooting), as every host move reboots; a host that
+    does not come back within ``reboot_timeout`` fails, saying so."""
+    try:
+        rebooting.reboot(host, delay, timeout, why)
+    except MoveFailed as exc:
+        host.log_styled(str(exc), fg="red", log_func=logger.error)
+        return False
+    return True
 
 
 def _units_active(units: list[str], get) -> dict[str, bool]:

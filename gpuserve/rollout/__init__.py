@@ -8,6 +8,7 @@ Pure modules, no pyinfra:
     lock       the fleet-wide rollout lock's commands and rules
 Host-changing modules (run other hosts' commands from inside the rollout's one operation):
     remote     each command on another host, bounded in time (MoveFailed names host and step)
+    rebooting  the one reboot path: the converge's GPU-stack operation and every move reboot through it
     pipeline   the steps every host move shares: start -> gate -> in, and the reboot
 
 The package itself exports the pure names (``from gpuserve.rollout import Move, drain_flag``), so

@@ -6,26 +6,24 @@
 
 A release move (gpuserve.layers.rollout), a GPU-stack move and an OS-update move
 (gpuserve.layers.stack_move) each bring their deployments back through ``start_gate_in``, and
-reboot a host through ``reboot``. The caller supplies the readiness gate and the way back into
+reboot a host through ``reboot`` (gpuserve.rollout.rebooting: the converge's GPU-stack layer reboots
+through it too). The caller supplies the readiness gate and the way back into
 rotation (gpuserve.rollout.gate, gpuserve.layers.rotation.back_in): both read every host's settings
 through the layer context, which sits above this package.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
-import gevent
 from pyinfra import logger
 
 from gpuserve.rollout import commands
-from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, run, shell
+from gpuserve.rollout.rebooting import BOOT_ID, reboot  # noqa: F401 - the move's reboot step: the one reboot path
+from gpuserve.rollout.remote import run
 
 if TYPE_CHECKING:
     from gpuserve.config import HostSettings
-
-BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
 Gate = Callable[[object, "HostSettings", str], "tuple[bool, str]"]   # (host, settings, deployment)
 BackIn = Callable[[object, "HostSettings", str], None]
@@ -55,34 +53,3 @@ def start_gate_in(h, s: HostSettings, deployments: Sequence[str], *, gate: Gate,
     for dep in passed:
         back_in(h, s, dep)
     return failures
-
-
-def reboot(h, delay_s: int, timeout_s: int, why: str) -> None:
-    """Reboot ``h`` and wait until it answers with a new boot id, within ``timeout_s`` (pyinfra's
-    server.reboot, for a host the rollout's one operation does not run on). MoveFailed when it
-    does not come back: the host stays out of rotation."""
-    before = run(h, BOOT_ID).strip()
-    logger.info(f"    [{h.name}] rebooting {why}")
-    shell(h, "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &", COMMAND_TIMEOUT_S)
-    time.sleep(max(delay_s, 1))
-    deadline = time.monotonic() + timeout_s
-    h.disconnect()
-    while True:
-        try:
-            with gevent.Timeout(30):
-                h.connect(show_errors=False)
-        except (gevent.Timeout, Exception):   # noqa: BLE001 - still down, or half up
-            pass
-        if h.connected:
-            try:
-                now = run(h, BOOT_ID, timeout=30).strip()
-            except MoveFailed:
-                now = before
-            if now != before:
-                logger.info(f"    [{h.name}] back after its reboot")
-                return
-            h.disconnect()
-        if time.monotonic() > deadline:
-            raise MoveFailed(f"{h.name}: host move failed at reboot: the host did not come back "
-                             f"within reboot_timeout = {timeout_s} s; it stays out of rotation")
-        time.sleep(1)
