@@ -16,6 +16,7 @@ from pyinfra.context import ctx_state
 
 from gpuserve import host_plan as plans
 from gpuserve.config import HostSettings, validate_inventory
+from gpuserve.facts.deployment import Deployment, DeploymentState
 from gpuserve.layers import engine as engine_layer
 
 
@@ -54,3 +55,10 @@ def host_plan(engine: bool = True) -> plans.HostPlan:
             plan = plans.with_engine(plan, spec, wset)
         made[key] = plan
     return made[key]
+
+
+def deployment_state(plan: plans.HostPlan, name: str) -> DeploymentState:
+    """The one reader of a deployment's state on this host (current and previous release, unit,
+    drain flag, /health), asked at the health URL of the host's plan. Every layer and deploy reads
+    it through here; ``gpuserve status`` asks the same fact with its own plan's URL."""
+    return host.get_fact(Deployment, deployment=name, health_url=plan.deployment(name).health_url)

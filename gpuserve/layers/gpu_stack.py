@@ -20,10 +20,8 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpuserve import layout, stack
 from gpuserve.operations import gpu_stack as gpu_ops
-from gpuserve.facts.deployment import Deployment
-from gpuserve.layers.context import host_settings
+from gpuserve.layers.context import deployment_state, host_plan, host_settings
 from gpuserve.rollout import StackMove
-from gpuserve.release_files import probe_url
 
 DOWNLOADS = layout.DOWNLOADS_DIR
 
@@ -57,13 +55,8 @@ def host_os() -> str:
 
 def serving(settings) -> bool:
     """Whether any deployment of the host serves now (its unit active and /health 200)."""
-    return any(_state(settings, d.name).serving for d in settings.deployments)
-
-
-def _state(settings, dep_name: str):
-    dep = settings.deployment(dep_name)
-    return host.get_fact(Deployment, deployment=dep_name,
-                         health_url=probe_url(dep.serve_host, dep.serve_port, "/health"))
+    plan = host_plan(engine=False)
+    return any(deployment_state(plan, d.name).serving for d in settings.deployments)
 
 
 def stack_move(settings, rollback_pins: dict | None = None) -> StackMove | None:
@@ -79,7 +72,8 @@ def stack_move(settings, rollback_pins: dict | None = None) -> StackMove | None:
         reason = "an earlier GPU stack move did not finish (the host is still out of rotation)"
     if reason is None:
         return None
-    serving_deps = tuple(d.name for d in settings.deployments if _state(settings, d.name).current)
+    plan = host_plan(engine=False)
+    serving_deps = tuple(d.name for d in settings.deployments if deployment_state(plan, d.name).current)
     _, loaded = gpu_ops.module_state(t.vendor, stack.target(t, os).module_package)
     return StackMove(host.name, stack.describe(t), reason, tuple(sorted(stack.pins(t).items())),
                      serving_deps, os, rollback=rollback_pins is not None,

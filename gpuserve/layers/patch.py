@@ -23,8 +23,8 @@ from gpuserve import gateway, monitoring, patch, stack
 from gpuserve.config import HostSettings
 from gpuserve.facts.apt import AptHolds
 from gpuserve.facts.kernel import KernelState, PendingUpgrades
-from gpuserve.layers.context import all_settings
-from gpuserve.layers.gpu_stack import _state, host_os, recorded_stack
+from gpuserve.layers.context import all_settings, deployment_state, host_plan
+from gpuserve.layers.gpu_stack import host_os, recorded_stack
 from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, shell
 from gpuserve.patch import PatchMove
 
@@ -51,7 +51,8 @@ def patch_move(settings: HostSettings) -> PatchMove | None:
         if why:
             raise PyinfraError(why)
     kernels_new = patch.new_kernels(upgrades)
-    serving = tuple(d.name for d in settings.deployments if _state(settings, d.name).current)
+    plan = host_plan(engine=False)
+    serving = tuple(d.name for d in settings.deployments if deployment_state(plan, d.name).current)
     is_gateway = settings.gateway is not None
     role = patch.role_of(settings.serves, is_gateway)
     if role == patch.GATEWAY and settings.patch_last_gateway:

@@ -20,12 +20,10 @@ from pyinfra.operations import python
 
 from gpuserve import layout, rollout
 from gpuserve.config import HostSettings
-from gpuserve.host_plan import HostPlan
 from gpuserve.layers import cache_seed, rotation, stack_move
 from gpuserve.rollout import canary_bake
 from gpuserve.rollout.gate import gate as _gate
-from gpuserve.layers.context import all_settings
-from gpuserve.facts.deployment import Deployment, DeploymentState
+from gpuserve.layers.context import all_settings, deployment_state  # noqa: F401 - the deploys read it here
 from gpuserve.rollout.locking import beat as _beat, holder as _holder, keep_fresh as _keep_fresh
 from gpuserve.rollout.locking import lock_all as _lock_all, refresh_every_s, unlock as _unlock
 from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
@@ -35,12 +33,6 @@ from gpuserve.rollout import LockHolder, Move, pipeline
 
 def _hosts_in_order(state) -> list:
     return [h for h in state.inventory if h in state.active_hosts]
-
-
-def deployment_state(plan: HostPlan, dep_name: str) -> DeploymentState:
-    """The deployment's state on this host, asked at the plan's health URL."""
-    return host.get_fact(Deployment, deployment=dep_name,
-                         health_url=plan.deployment(dep_name).health_url)
 
 
 def add_rollout(kind: str, moves: list[Move]) -> None:

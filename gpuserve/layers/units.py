@@ -28,7 +28,8 @@ from gpuserve.config import DeploymentSettings, HostSettings
 from gpuserve.layers import cache_seed
 from gpuserve.operations import secrets as secrets_ops
 from gpuserve.layers.engine_guard import engine_guard_layer
-from gpuserve.facts.deployment import Deployment, DeploymentState, ReleaseRecords
+from gpuserve.facts.deployment import DeploymentState, ReleaseRecords
+from gpuserve.layers.context import deployment_state
 from gpuserve.host_plan import HostPlan
 from gpuserve.secret_sources import SecretCommand
 from gpuserve.releases import Ledger, Release, unreferenced
@@ -135,7 +136,7 @@ def _install(plan: HostPlan, dep: DeploymentSettings) -> Installed:
     """One deployment's release files, secrets, listener guard and unit."""
     where, rendered = plan.deployment(dep.name), plan.release(dep.name)
     name, rid = dep.name, rendered.id
-    state: DeploymentState = host.get_fact(Deployment, deployment=name, health_url=where.health_url)
+    state: DeploymentState = deployment_state(plan, name)
 
     rdir = plan.release_dir(name)
     files.directory(name=f"{name}: release {rid}", path=rdir, user="root",
@@ -224,8 +225,7 @@ def gate_after_reboot(plan: HostPlan, rebooted) -> None:
     if rebooted is None:
         return
     for dep in plan.settings.deployments:
-        state = host.get_fact(Deployment, deployment=dep.name,
-                              health_url=plan.deployment(dep.name).health_url)
+        state = deployment_state(plan, dep.name)
         if state.current is None:
             continue
         serve = plan.serve_configs[dep.name]
@@ -244,8 +244,7 @@ def _retention(plan: HostPlan, pointers: dict[str, tuple[str | None, str | None]
     collected, kept = list(removed), [r.release for r in releases.values()]
     for dep in settings.deployments:
         records = host.get_fact(ReleaseRecords, deployment=dep.name)
-        state = host.get_fact(Deployment, deployment=dep.name,
-                              health_url=plan.deployment(dep.name).health_url)
+        state = deployment_state(plan, dep.name)
         current, previous = pointers[dep.name]
         desired = releases[dep.name].id
         ledger = Ledger(tuple(records), current, previous)
