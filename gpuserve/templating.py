@@ -8,7 +8,7 @@ The wheel ships them
 as ``gpuserve/templates/`` (pyproject.toml maps the folder into the package at build time), and
 this module finds them either way. The environment is pyinfra's ``files.template``'s: a missing
 variable fails (StrictUndefined) and the text keeps its last newline, so a unit renders to the
-same bytes as it did through ``files.template`` (tests/unit/test_rendered_files.py).
+same bytes as it did through ``files.template`` (tests/unit/layers/test_rendered_files.py).
 """
 
 from __future__ import annotations

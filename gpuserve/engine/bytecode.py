@@ -6,7 +6,7 @@ not depending on its reference count, and from Python 3.12 on those counts depen
 interpreter compiled before. So one source gives different ``.pyc`` bytes depending on which
 worker got it and after what: 3 of ~90,000 files differed between cold vLLM installs
 (bench/RESULTS.md). pycparser's c_parser.py compiled in a fresh interpreter and right after its
-neighbour c_lexer.py gives two different files (tests/unit/test_engine_bytecode.py shows it).
+neighbour c_lexer.py gives two different files (tests/unit/engine/test_bytecode.py shows it).
 
 Here the venv's own Python compiles every source of site-packages in fixed chunks: the sources
 in sorted path order, cut every ``CHUNK_FILES`` files, each chunk in a fresh interpreter with a

@@ -9,7 +9,7 @@ is the text the docs show.
 
 docs/configuration.md's key tables are generated from it, between ``<!-- schema:NAME -->`` and
 ``<!-- /schema:NAME -->`` markers, by ``python -m gpuserve.schema docs/configuration.md`` (the
-prose around them is hand-written); tests/unit/test_schema.py fails when the doc is stale.
+prose around them is hand-written); tests/unit/schema/test_schema.py fails when the doc is stale.
 
 A leaf: it imports no gpuserve module but ``hardware`` (a leaf itself). A package, one concern a
 module (gpuserve/__init__.py's ``schema/`` section lists them); every name schema.py had is

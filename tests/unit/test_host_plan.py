@@ -274,7 +274,7 @@ def test_the_proxy_layer_reads_the_plans_key_files_and_names_the_setting(tmp_pat
 
 
 def test_a_tls_front_gets_the_tls_key_of_its_plan(tmp_path):
-    from tests.unit.test_patch_roles import _fleet
+    from tests.unit.layers.test_patch_roles import _fleet
 
     from tests.unit.helpers import tls_pair
 

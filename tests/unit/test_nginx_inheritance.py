@@ -5,7 +5,7 @@ block only when that block sets none of its own. A location that adds one connec
 own therefore drops every connection limit of its server: the prompt routes' fair share
 (`proxy_prompt_conn_per_key`) once silently lifted the per-address, per-key and per-tenant
 connection limits on exactly the routes that cost the engine most. This checks the principle,
-not the case: each rendered site (tests/unit/test_rendered_files.py's cases) is parsed by nginx's
+not the case: each rendered site (tests/unit/layers/test_rendered_files.py's cases) is parsed by nginx's
 own configuration parser (crossplane), and each block that sets any of these directives must
 keep everything its parent had in effect.
 """
@@ -18,7 +18,7 @@ import crossplane
 
 from gpuserve import proxy_conf
 
-from .test_rendered_files import _sites
+from tests.unit.layers.test_rendered_files import _sites
 
 ARRAY_DIRECTIVES = ("limit_conn", "limit_req", "add_header", "proxy_set_header")
 

@@ -1,5 +1,6 @@
-"""A non-root SSH login with sudo (docs/non-root.md): what the sandbox inventory gives pyinfra,
-the sudo a rollout's host commands get, and how a secret file goes up through sudo."""
+"""A non-root SSH login with sudo (docs/non-root.md): the sudo a rollout's host commands get, and
+how a secret file goes up through sudo. What the sandbox inventory gives pyinfra is tested in
+sandbox/tests/test_sandbox_login.py."""
 
 from __future__ import annotations
 
@@ -12,35 +13,10 @@ from pyinfra.facts.server import Home
 
 from gpuserve.rollout import remote
 from gpuserve.operations import secrets as secrets_ops
-from gpuserve_sandbox import inventory
-from gpuserve_sandbox.hosts import LOGIN_USER
-from gpuserve_sandbox.util import SandboxError
 
 from .helpers import make_inventory, one_problem
 
 SECRET = "sk-not-in-any-command-0123456789"
-
-
-# -- the sandbox inventory --------------------------------------------------------------------
-
-def test_sandbox_logs_in_as_the_non_root_user_with_sudo_by_default(monkeypatch):
-    monkeypatch.delenv("GPUSERVE_SANDBOX_LOGIN", raising=False)
-    assert LOGIN_USER != "root"
-    assert inventory.login_user() == LOGIN_USER
-    assert inventory.login_data(LOGIN_USER) == {"ssh_user": LOGIN_USER, "_sudo": True}
-
-
-def test_root_login_has_no_sudo(monkeypatch):
-    monkeypatch.setenv("GPUSERVE_SANDBOX_LOGIN", "root")
-    assert inventory.login_user() == "root"
-    assert inventory.login_data("root") == {"ssh_user": "root"}
-
-
-def test_an_unknown_login_is_refused_naming_the_choices(monkeypatch):
-    monkeypatch.setenv("GPUSERVE_SANDBOX_LOGIN", "admin")
-    with pytest.raises(SandboxError, match=f"GPUSERVE_SANDBOX_LOGIN='admin': sandbox hosts accept "
-                                           f"{LOGIN_USER} or root"):
-        inventory.login_user()
 
 
 # -- host commands of a rollout (gpuserve.rollout.remote) ----------------------------------------

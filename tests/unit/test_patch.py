@@ -1,6 +1,6 @@
 """OS and kernel updates as a rollout reason: the pure decisions (gpuserve.patch) and the move's
 steps for an OS update (gpuserve.layers.stack_move with a PatchMove), recorded from a stand-in
-host as tests/unit/test_stack_move.py does. The same move runs on a sandbox host in
+host as tests/unit/layers/test_stack_move.py does. The same move runs on a sandbox host in
 tests/integration/test_patch.py."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpuserve.patch import DkmsModule, PatchMove, Upgrade
 from gpuserve.rollout import Move, StackMove, stack_moves_first
 
 from .helpers import key_file, make_inventory, settings_of
-from .test_stack_move import Host as StackHost
+from tests.unit.layers.test_stack_move import Host as StackHost
 
 OLD_K, NEW_K = "6.1.0-40-gpuserve-sim", "6.1.0-41-gpuserve-sim"
 DRIVER = "580.95.05"

@@ -7,7 +7,7 @@ from pyinfra.api import Inventory
 
 from gpuserve.config import ConfigError, validate_inventory
 
-from .helpers import SHA, key_file, make_inventory, one_problem, problems_of, settings_of
+from tests.unit.helpers import SHA, key_file, make_inventory, one_problem, problems_of, settings_of
 
 
 # -- the combinations the issue lists ---------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Slow (about a minute on 2 cores with a warm uv cache) and needs a wheelhouse (docs/sandbox-engine.md):
 
-    GPUSERVE_WHEELHOUSE=/var/tmp/gpuserve-probe/wheelhouse pytest -m slow tests/unit/test_engine_cpu_serve.py
+    GPUSERVE_WHEELHOUSE=/var/tmp/gpuserve-probe/wheelhouse pytest -m slow tests/unit/engine/test_cpu_serve.py
 
 Optional: GPUSERVE_ENGINE_PYTHON (default /usr/bin/python3.11), UV_CACHE_DIR (reuse a warm cache).
 """

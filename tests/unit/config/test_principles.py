@@ -13,7 +13,7 @@ from pyinfra.api import Inventory
 from gpuserve import values
 from gpuserve.config import validate_inventory
 
-from .helpers import HARDWARE, SHA, key_file, make_inventory, problems_of, settings_of, tls_pair
+from tests.unit.helpers import HARDWARE, SHA, key_file, make_inventory, problems_of, settings_of, tls_pair
 
 
 def _one(inv) -> str:

@@ -12,7 +12,7 @@ from pyinfra.api import Inventory
 from gpuserve import config
 from gpuserve.config import ConfigError, validate_inventory
 
-from .helpers import HARDWARE, SHA, make_inventory, one_problem, problems_of, settings_of
+from tests.unit.helpers import HARDWARE, SHA, make_inventory, one_problem, problems_of, settings_of
 
 RELEASE = "vllm-0.33.0-0123abcd-0123456789"
 

@@ -27,7 +27,7 @@ from gpuserve.facts.nvidia import NvidiaSmiGpus
 from gpuserve.hardware import PROFILES, GpuInfo, HardwareProfile
 from gpuserve_sandbox import simgpu
 
-from .helpers import FIXTURES
+from tests.unit.helpers import FIXTURES
 
 GPUS = FIXTURES / "gpus"
 

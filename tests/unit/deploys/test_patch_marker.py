@@ -8,7 +8,7 @@ import pytest
 
 from gpuserve import patch
 
-DEPLOYS = Path(__file__).resolve().parents[2] / "deploys"
+DEPLOYS = Path(__file__).resolve().parents[3] / "deploys"
 
 
 @pytest.mark.parametrize("deploy", ["serve.py", "upgrade.py", "rollback.py", "gpu_stack.py"])

@@ -13,7 +13,7 @@ from gpuserve import rollout
 from gpuserve.layers import rollout as layer
 from gpuserve.rollout import Move
 
-from .helpers import key_file, make_inventory, settings_of
+from tests.unit.helpers import key_file, make_inventory, settings_of
 
 
 class RecordingHost:

@@ -19,8 +19,8 @@ from gpuserve.rollout.remote import MoveFailed
 from gpuserve.patch import PatchMove
 from gpuserve.rollout import Move
 
-from .helpers import HARDWARE, SHA, key_file, problems_of
-from .test_patch import NEW_K, OLD_K, Host, _steps, host_state  # noqa: F401 - a fixture
+from tests.unit.helpers import HARDWARE, SHA, key_file, problems_of
+from tests.unit.test_patch import NEW_K, OLD_K, Host, _steps, host_state  # noqa: F401 - a fixture
 
 
 def _pm(host: str, role: str | None = None) -> PatchMove:
@@ -242,7 +242,7 @@ def test_the_patch_layer_reads_the_hosts_record_and_refuses_a_pin_change(monkeyp
     from gpuserve.facts.apt import AptHolds
     from gpuserve.facts.kernel import KernelState, PendingUpgrades
 
-    from .helpers import make_inventory, settings_of
+    from tests.unit.helpers import make_inventory, settings_of
 
     s = settings_of(make_inventory())
     facts = {PendingUpgrades: [patch.Upgrade("libssl3", "3.0.15-1", "3.0.17-1")],

@@ -11,7 +11,7 @@ from gpuserve import recipes
 from gpuserve.config import validate_inventory
 from gpuserve.layers.units import _after, _devices, _groups
 
-from .helpers import make_inventory, settings_of
+from tests.unit.helpers import make_inventory, settings_of
 
 
 @pytest.mark.parametrize("group, gpus", [("hopper_x8", True), ("blackwell_x4", True),

@@ -11,7 +11,7 @@ import pytest
 from gpuserve import admission, config, monitoring, schema, stack
 from gpuserve.config import ConfigError, validate_inventory
 
-from .helpers import REPO, make_inventory
+from tests.unit.helpers import REPO, make_inventory
 
 DOC = REPO / "docs" / "configuration.md"
 

@@ -7,7 +7,7 @@ host sees a changed file, so a converge after an upgrade of gpuserve rewrites no
 engine unit restarts the engine). A deliberate change re-records the file (below) and says so in
 its commit.
 
-    GPUSERVE_RECORD_RENDERED=1 pytest tests/unit/test_rendered_files.py    # re-record every file
+    GPUSERVE_RECORD_RENDERED=1 pytest tests/unit/layers/test_rendered_files.py    # re-record every file
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from gpuserve.layers import monitoring, proxy, units, watchdog
 from gpuserve.layers import fanout as fanout_layer
 from gpuserve.operations import secrets as secrets_ops
 
-from .helpers import FIXTURES, SHA, make_inventory
-from .test_gateway import fleet as gateway_fleet
-from .test_sglang_behind_proxy import _fleet as sglang_fleet
+from tests.unit.helpers import FIXTURES, SHA, make_inventory
+from tests.unit.test_gateway import fleet as gateway_fleet
+from tests.unit.test_sglang_behind_proxy import _fleet as sglang_fleet
 
 RENDERED = FIXTURES / "rendered"
 RECORD = os.environ.get("GPUSERVE_RECORD_RENDERED") == "1"

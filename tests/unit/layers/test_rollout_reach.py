@@ -15,8 +15,8 @@ from gpuserve.layers import rollout as layer
 from gpuserve.layers import rotation
 from gpuserve.rollout import LockHolder, Move, StackMove
 
-from .helpers import key_file, make_inventory, settings_of
-from .test_rollout_moves import RecordingHost
+from tests.unit.helpers import key_file, make_inventory, settings_of
+from tests.unit.layers.test_rollout_moves import RecordingHost
 
 
 def _moves(hosts):

@@ -19,8 +19,8 @@ from gpuserve.rollout import canary_bake
 from gpuserve.layers import rollout as layer
 from gpuserve.rollout import Move, StackMove
 
-from .helpers import key_file, make_inventory, settings_of
-from .test_rollout_moves import RecordingHost
+from tests.unit.helpers import key_file, make_inventory, settings_of
+from tests.unit.layers.test_rollout_moves import RecordingHost
 
 
 def _settings(tmp_path, hosts=("h1", "h2", "h3"), group="hopper_x8", **data):

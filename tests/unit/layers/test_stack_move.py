@@ -17,7 +17,7 @@ from gpuserve.rollout.remote import MoveFailed
 from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.rollout import Move, StackMove, batches, stack_moves_first
 
-from .helpers import key_file, make_inventory, settings_of
+from tests.unit.helpers import key_file, make_inventory, settings_of
 
 OLD, NEW = "580.95.05", "580.105.08"
 

@@ -12,7 +12,7 @@ import pytest
 
 from gpuserve.rollout import lock as rollout_lock
 
-DEPLOYS = Path(__file__).resolve().parents[2] / "deploys"
+DEPLOYS = Path(__file__).resolve().parents[3] / "deploys"
 
 # the deploys that move nothing a rollout moves, and why
 LOCK_FREE = {

@@ -15,7 +15,7 @@ import yaml
 from gpuserve import recipes
 from gpuserve.recipes import flag_tokens
 
-from .helpers import FIXTURES, REPO, SHA, make_inventory, settings_of
+from tests.unit.helpers import FIXTURES, REPO, SHA, make_inventory, settings_of
 
 SEED_FILE = REPO.parent / "shared" / "seeds" / "001_3bf6b220e02df8c2.txt"
 DEPLOYMENT_FLAGS = ["--host", "127.0.0.1", "--port", "8000",
