@@ -19,7 +19,7 @@ from pyinfra.context import ctx_state
 from gpuserve.layers.context import all_settings, host_settings
 from gpuserve.layers.removal import decommission
 from gpuserve.layers.rollout import hold_writer_lock
-from gpuserve.removal import refused_hosts
+from gpuserve.rollout.preconditions import refused_hosts
 
 state = ctx_state.get()
 refused = refused_hosts({h.name: s.decommission for h in state.inventory if h in state.active_hosts

@@ -25,11 +25,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cmp_to_key
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 from gpuserve import gateway, layout, monitoring
 from gpuserve.rollout.plan import StackMove
 from gpuserve.rollout.plan import batches  # noqa: F401 - the one batcher: role hosts last (ROLE_ORDER)
+# an OS-update move's rules, with every other precondition in one module
+from gpuserve.rollout.preconditions import (DRIVER_MODULES, gateway_problem, last_gateway_refusal,  # noqa: F401
+                                            module_problem, stack_change_refusal, unfinished_patch_refusal)
 
 # a patch move that began and has not finished (the host is out of rotation): a rerun finishes it
 PATCH_MOVING = layout.PATCH_MOVING
@@ -192,33 +195,6 @@ def parse_dkms_link(path: str, target: str = "") -> DkmsModule | None:
     return DkmsModule(parts[-2], version, kernel, arch)
 
 
-# the DKMS module names the vendors' packages register
-DRIVER_MODULES = {"nvidia": ("nvidia", "nvidia-current", "nvidia-open", "nvidia-current-open"),
-                  "amd": ("amdgpu",)}
-
-
-def module_problem(state: KernelState, kernel: str, vendor: str | None, driver_version: str | None,
-                   host: str) -> str | None:
-    """Why the GPU driver will not load on ``kernel`` (None: its module is built for it, or the
-    host has no GPU driver to build). ``driver_version``: the NVIDIA version the module must be."""
-    if vendor is None:
-        return None
-    names = DRIVER_MODULES[vendor]
-    built = [m for m in state.dkms if m.module in names and m.kernel == kernel]
-    what = "NVIDIA driver" if vendor == "nvidia" else "amdgpu driver"
-    if not built:
-        others = sorted({m.kernel for m in state.dkms if m.module in names})
-        return (f"{host}: no {what} kernel module is built for kernel {kernel} (DKMS has it for "
-                f"{', '.join(others) or 'no kernel'}); booting it would leave the host without its GPUs. "
-                f"DKMS builds it when the kernel's headers are installed: install linux-headers-{kernel} "
-                f"(or the headers metapackage), run `dkms autoinstall -k {kernel}`, then run "
-                "deploys/patch.py again")
-    if vendor == "nvidia" and driver_version and not any(m.version == driver_version for m in built):
-        return (f"{host}: the NVIDIA kernel module built for kernel {kernel} is "
-                f"{', '.join(sorted({m.version for m in built}))}, the driver is {driver_version}")
-    return None
-
-
 # --- the upgrade ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Upgrade:
@@ -319,38 +295,6 @@ def gateway_units_command() -> str:
     return f"systemctl is-active -q nginx.service && systemctl is-active -q {gateway.UNIT}"
 
 
-def gateway_problem(units_active: bool, workers_json: str | None, need_worker: bool = True) -> str | None:
-    """Why a gateway does not serve clients now (None: it does): nginx or smg not active, smg's
-    /workers not answering, or (``need_worker``) no worker ready and healthy in it."""
-    if not units_active:
-        return f"nginx or {gateway.UNIT} is not active"
-    if workers_json is None:
-        return "smg's /workers does not answer"
-    try:
-        states = gateway.worker_states(workers_json)
-    except (ValueError, AttributeError):
-        return f"smg's /workers is not JSON: {workers_json[:120]!r}"
-    if need_worker and not any(gateway.serving_healthy(states, wid) for wid in states):
-        return f"no worker is ready and healthy in smg ({len(states)} listed)"
-    return None
-
-
-def last_gateway_refusal(serves_now: bool, others: Mapping[str, str | None], allowed: bool) -> str | None:
-    """Why a gateway may not be updated now (None: it may): it serves clients and no other
-    gateway does. ``others``: every other gateway of the inventory -> why it does not serve (None:
-    it does). ``allowed``: patch_last_gateway (a maintenance window). A gateway that does not
-    serve itself takes nothing down."""
-    if allowed or not serves_now or any(why is None for why in others.values()):
-        return None
-    state = ("; ".join(f"{n}: {why}" for n, why in sorted(others.items()))
-             or "the inventory has no other gateway")
-    return (f"no other gateway serves ({state}): updating it would take the fleet's last "
-            "entry point down (nginx restarts, a new kernel reboots the host) and drop the requests "
-            "in flight on it. Bring another gateway up and run deploys/patch.py again, or allow it "
-            "for a maintenance window with `--data patch_last_gateway=True` (clients get errors "
-            "until it is back)")
-
-
 def enabled_units_command(units: Sequence[str]) -> str:
     """Prints those of ``units`` that start at boot (enabled), one a line: the role's services
     this host runs (a monitor group host may never have been converged with Prometheus)."""
@@ -363,32 +307,3 @@ def inactive(units: Sequence[str], is_active_output: str) -> list[str]:
     return [u for i, u in enumerate(units) if i >= len(states) or states[i] != "active"]
 
 
-def stack_change_refusal(host: str, wanted: Mapping, record: Mapping | None) -> str | None:
-    """Why deploys/patch.py may not move ``host`` (None: it may): group data's GPU stack pins
-    (``wanted``: gpuserve.stack.pins) differ from the stack recorded on the host as current
-    (gpuserve.stack.STACK_RECORD). A patch move keeps the stack and verifies the driver against
-    group data's pins, so it would fail after the reboot and leave the host out: a stack change
-    is deploys/upgrade.py's move. Without a record there is nothing to compare (None)."""
-    current = (record or {}).get("current")
-    if not isinstance(current, Mapping):
-        return None
-    changed = [f"{k} {current[k]} -> {wanted[k]}" for k in wanted if k in current and current[k] != wanted[k]]
-    if not changed:
-        return None
-    return (f"patch refused: {host}: its GPU stack is not group data's yet ({', '.join(changed)}). "
-            "Roll the stack change out with deploys/upgrade.py first (or put the pins back), then "
-            "run deploys/patch.py again; nothing was touched")
-
-
-def unfinished_patch_refusal(kind: str, host: str, patch_unfinished: bool) -> str | None:
-    """Why ``kind`` (upgrade) may not plan ``host`` (None: it may): an OS update move began there
-    and did not finish, so the host is out of rotation, its engines stopped, its packages or
-    kernel possibly half changed. Only deploys/patch.py finishes that move (its checks: the
-    kernel booted, the driver module built); an upgrade would put the host back into rotation
-    unchecked."""
-    if not patch_unfinished:
-        return None
-    return (f"{kind} refused: {host}: an OS update move (deploys/patch.py) did not finish there "
-            f"({PATCH_MOVING} is present): the host is out of rotation with its engines stopped. "
-            f"Run deploys/patch.py again to finish it (it names what failed), then run the {kind} "
-            "again")

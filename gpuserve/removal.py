@@ -33,6 +33,7 @@ from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from gpuserve import engine_guard, gateway, layout, meter, monitoring, proxy_conf, rollout
+from gpuserve.rollout.preconditions import refused_hosts  # noqa: F401 - decommission's rule
 
 # the first line of templates/gpuserve.service.j2
 UNIT_MARKER = "# Managed by gpuserve (pyinfra): do not edit here, change group_data and converge."
@@ -451,13 +452,3 @@ def is_file(path: str) -> bool:
     return path.endswith(FILE_SUFFIXES) or path in marked_paths()
 
 
-def refused_hosts(opted_in: Mapping[str, bool]) -> str | None:
-    """Decommission's refusal (None when every host of the run opted in): it names each host
-    without ``decommission = True`` and what to set."""
-    missing = [name for name, ok in opted_in.items() if not ok]
-    if not missing:
-        return None
-    return (f"decommission refused: {', '.join(missing)} "
-            f"{'does' if len(missing) == 1 else 'do'} not set decommission = True. Removing gpuserve "
-            "from a host is opt-in: set decommission = True in that host's data (the inventory or "
-            "its group data), or leave it out of the run (--limit); nothing was touched")

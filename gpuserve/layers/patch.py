@@ -27,6 +27,7 @@ from gpuserve.layers.context import all_settings, deployment_state, host_plan
 from gpuserve.layers.gpu_stack import host_os, recorded_stack
 from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed, connected, shell
 from gpuserve.patch import PatchMove
+from gpuserve.rollout import preconditions
 
 
 def patch_move(settings: HostSettings) -> PatchMove | None:
@@ -47,7 +48,7 @@ def patch_move(settings: HostSettings) -> PatchMove | None:
     s = settings.stack
     os = host_os() if s.enabled and s.vendor else "debian12"   # unused by a patch move's steps
     if s.enabled and s.vendor:   # the move verifies the driver against group data's pins
-        why = patch.stack_change_refusal(host.name, stack.pins(s), recorded_stack())
+        why = preconditions.stack_change_refusal(host.name, stack.pins(s), recorded_stack())
         if why:
             raise PyinfraError(why)
     kernels_new = patch.new_kernels(upgrades)
@@ -70,7 +71,7 @@ def patch_move(settings: HostSettings) -> PatchMove | None:
 def refuse_unfinished_patch(kind: str, settings: HostSettings) -> None:
     """Raise (the run stops before any host is touched) when an OS update move did not finish on
     this host: only deploys/patch.py may finish it (gpuserve.patch.unfinished_patch_refusal)."""
-    why = patch.unfinished_patch_refusal(kind, settings.host, bool(host.get_fact(File, path=patch.PATCH_MOVING)))
+    why = preconditions.unfinished_patch_refusal(kind, settings.host, bool(host.get_fact(File, path=patch.PATCH_MOVING)))
     if why:
         raise PyinfraError(why)
 
@@ -87,7 +88,7 @@ def _gateway_state(gh, g, need_worker: bool = True) -> str | None:
         ok, out = shell(gh, f"curl -fsS --max-time 5 {gateway.admin_url(g, '/workers')}", COMMAND_TIMEOUT_S)
     except MoveFailed as exc:
         return str(exc)
-    return patch.gateway_problem(active, out.stdout if ok else None, need_worker)
+    return preconditions.gateway_problem(active, out.stdout if ok else None, need_worker)
 
 
 def other_gateways_serve(h, s: HostSettings) -> None:
@@ -99,7 +100,7 @@ def other_gateways_serve(h, s: HostSettings) -> None:
     others = {gh.name: _gateway_state(gh, every[gh.name].gateway) for gh in state.inventory
               if gh.name != h.name and gh.name in every and every[gh.name].gateway is not None}
     mine = _gateway_state(h, s.gateway)
-    why = patch.last_gateway_refusal(mine is None, others, s.patch_last_gateway)
+    why = preconditions.last_gateway_refusal(mine is None, others, s.patch_last_gateway)
     if why:
         raise MoveFailed(f"{h.name}: OS update move refused before any change: {why}")
     serving = [n for n, v in others.items() if v is None]

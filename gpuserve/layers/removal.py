@@ -32,6 +32,7 @@ from gpuserve.facts.removal import Footprint
 from gpuserve.facts.deployment import ReleaseRecords
 from gpuserve.layers import rotation
 from gpuserve.layers.proxy import RELOAD_AND_WAIT
+from gpuserve.rollout import pipeline
 from gpuserve.releases import Release
 
 
@@ -157,7 +158,7 @@ def _remove_drain_flags(flags) -> None:
 
 
 def _drain(state, host, settings: HostSettings, r: plan.Removal) -> None:  # noqa: A002 (pyinfra's names)
-    """rotation.take_out and wait_drained, for a deployment the settings no longer describe: its
+    """The move pipeline's out -> drained (gpuserve.rollout.pipeline.out_drained), for a deployment the settings no longer describe: its
     address comes from its release on the host, and it is behind the proxy when its site is there
     (even if the proxy is now off). pyinfra passes ``state`` and ``host`` by these names."""
     h = host
@@ -169,7 +170,6 @@ def _drain(state, host, settings: HostSettings, r: plan.Removal) -> None:  # noq
     gone = dataclasses.replace(settings.deployments[0], name=r.name, serve_host=address[0],
                                serve_port=address[1])
     s = dataclasses.replace(settings, deployments=(*settings.deployments, gone), proxy=r.behind_proxy)
-    rotation.take_out(h, s, r.name)
-    if r.engine_address:
-        rotation.wait_drained(h, s, r.name)
+    pipeline.out_drained(h, s, [r.name], take_out=rotation.take_out,
+                         wait_drained=rotation.wait_drained if r.engine_address else None)
     logger.info(f"    [{h.name}] {r.name}: drained, stopping it")

@@ -28,7 +28,7 @@ from gpuserve.rollout.locking import beat as _beat, holder as _holder, keep_fres
 from gpuserve.rollout.locking import lock_all as _lock_all, refresh_every_s, unlock as _unlock
 from gpuserve.rollout.remote import COMMAND_TIMEOUT_S, MoveFailed as _MoveFailed
 from gpuserve.rollout.remote import run as _run, shell as _shell
-from gpuserve.rollout import LockHolder, Move, pipeline
+from gpuserve.rollout import LockHolder, Move, pipeline, preconditions
 
 
 def _hosts_in_order(state) -> list:
@@ -73,11 +73,11 @@ def _roll(state, host, kind: str) -> bool:
         # one canary (or canary_hosts) per hardware kind; never more hosts out than max_unavailable
         plan, canaries = rollout.canary_plan(moves, order, max_unavailable, min(per_kind, max_unavailable),
                                              kind_of={n: hardware_kind(settings[n]) for n in order})
-        why = next((w for b in plan[:canaries] if (w := canary_bake.refusal(settings, b))), None)
+        why = next((w for b in plan[:canaries] if (w := preconditions.canary_refusal(settings, b))), None)
         if why:
             logger.error(f"--> {why}")
             return False
-    stranding = rollout.reboot_refusals(moves, {n: settings[n].stack.reboot_allowed for n in order})
+    stranding = preconditions.reboot_refusals(moves, {n: settings[n].stack.reboot_allowed for n in order})
     if stranding:
         logger.error(f"--> {kind} refused before any host left rotation: " + "; ".join(stranding)
                      + ". Allow it with `reboot: allowed` (or --data reboot=allowed), or reboot those "
@@ -119,7 +119,7 @@ def _skipped_hosts(state, kind: str, settings: dict[str, HostSettings]) -> list[
     failed = [h.name for h in state.inventory if h in state.failed_hosts]
     in_run = [h.name for h in state.inventory if h in state.failed_hosts or h in state.active_hosts]
     budget = min((settings[n].max_fail_percentage for n in in_run if n in settings), default=0)
-    why = rollout.fail_budget_refusal(kind, failed, len(in_run), budget)
+    why = preconditions.fail_budget_refusal(kind, failed, len(in_run), budget)
     if why:
         logger.error(f"--> {why}")
         return None
@@ -259,8 +259,7 @@ def _moved_already(h, move: Move) -> bool:
     drained = _shell(h, f"test -e {rollout.drain_flag(move.deployment)}", COMMAND_TIMEOUT_S)[0]
     active = _shell(h, f"systemctl is-active --quiet {layout.unit_name(move.deployment)}",
                     COMMAND_TIMEOUT_S)[0]
-    # drained or stopped: that rollout died half-way, so this one finishes the move
-    if current == move.to_release and not drained and active:
+    if preconditions.moved_already(current, move.to_release, drained, active):
         logger.info(f"    [{h.name}] {move.deployment} already serves {move.to_release} (another "
                     "rollout moved it since this one was planned): skipped")
         return True
@@ -294,8 +293,8 @@ def _move_release(h, move: Move, s: HostSettings) -> None:
 
 
 def _move_deployment(h, move: Move, s: HostSettings) -> None:
-    rotation.take_out(h, s, move.deployment)
-    rotation.wait_drained(h, s, move.deployment)
+    pipeline.out_drained(h, s, [move.deployment], take_out=rotation.take_out,
+                         wait_drained=rotation.wait_drained)
     before = _run(h, rollout.read_pointers(move.deployment)).split()
     old_current = before[0].rsplit("/", 1)[-1] if before else None
     old_previous = before[1].rsplit("/", 1)[-1] if len(before) > 1 else None

@@ -36,7 +36,7 @@ from gpuserve import admission, patch, rollout, stack
 from gpuserve.config import HostSettings
 from gpuserve.facts.kernel import HeldVersions, KernelState
 from gpuserve.layers import rotation
-from gpuserve.rollout import pipeline, remote
+from gpuserve.rollout import pipeline, preconditions, remote
 from gpuserve.rollout.pipeline import BOOT_ID  # noqa: F401 - the reboot's command, named in tests
 from gpuserve.operations import gpu_stack as gpu_ops
 from gpuserve.layers import patch as patch_layer
@@ -83,10 +83,8 @@ def move_stack(h, move: StackMove, s: HostSettings) -> None:
     t0 = time.monotonic()
     ready = steps.before_out(h, move, s, t, get)   # checks while the host still serves
     logger.info(f"    [{h.name}] {move}: out of rotation")
-    for dep in move.deployments:
-        rotation.take_out(h, s, dep)
-    for dep in move.deployments:
-        rotation.wait_drained(h, s, dep)
+    pipeline.out_drained(h, s, move.deployments, take_out=rotation.take_out,
+                         wait_drained=rotation.wait_drained)
     for dep in move.deployments:
         run(h, rollout.stop(dep), timeout=s.deployment(dep).shutdown_timeout_s + COMMAND_TIMEOUT_S)
     label = steps.change(h, move, s, t, get, ready)   # and its reboot, when one is needed
@@ -164,19 +162,13 @@ def _preconditions(h, move: StackMove, s: HostSettings, t: stack.StackSettings, 
         for command in source_commands(t, move.os, deb_arch):
             run(h, command, timeout=APT_TIMEOUT_S)
         plan = gpu_ops._plan(target.specs, target.family, with_versions=True, get=get)
-        problems = list(plan.problems)
         _, loaded = gpu_ops.module_state(t.vendor, target.module_package, get)
-        reboot = stack.reboot_needed(target, t.vendor, loaded)
-        if reboot and not t.reboot_allowed:
-            problems.append(f"{reboot} needs a reboot and this host may not be rebooted (reboot: never)")
         ok, df = shell(h, stack.FREE_SPACE_COMMAND, COMMAND_TIMEOUT_S)
-        free = stack.free_mib(df.stdout) if ok else None
-        if free is not None and free < STACK_FREE_MIB:
-            problems.append(f"{free} MiB free under /var and /usr, below the {STACK_FREE_MIB} MiB a "
-                            "driver set needs (its packages and the DKMS build)")
-        if problems:
-            raise MoveFailed(f"{h.name}: GPU stack move to {target.label} refused before the host left "
-                             "rotation: " + "; ".join(problems))
+        why = preconditions.stack_move_refusal(
+            h.name, target.label, plan.problems, stack.reboot_needed(target, t.vendor, loaded),
+            t.reboot_allowed, stack.free_mib(df.stdout) if ok else None, STACK_FREE_MIB)
+        if why:
+            raise MoveFailed(why)
     except MoveFailed as exc:
         if resuming:   # an earlier move changed the stack already: it must not serve unverified
             _stays_out(h, move, "change", str(exc))
@@ -249,7 +241,7 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
     # version is known only when gpuserve pins it
     vendor = t.vendor if t.enabled else (s.hardware.vendor if s.uses_gpus else None)
     driver = t.driver_version if t.enabled and vendor == "nvidia" else None
-    why = patch.module_problem(kernels, target, vendor, driver, h.name)
+    why = preconditions.module_problem(kernels, target, vendor, driver, h.name)
     if why:   # checked before the reboot: the old kernel still runs the GPUs
         _stays_out(h, move, "verify", why)
     if not t.reboot_allowed:
@@ -261,7 +253,7 @@ def _patch(h, move: PatchMove, s: HostSettings, t: stack.StackSettings, get) -> 
     if after.running != target:
         _stays_out(h, move, "verify", f"{h.name}: rebooted into kernel {after.running}, expected {target} "
                    "(GRUB_DEFAULT?)")
-    why = patch.module_problem(after, target, vendor, driver, h.name)
+    why = preconditions.module_problem(after, target, vendor, driver, h.name)
     if why:
         _stays_out(h, move, "verify", why)
     logger.info(f"    [{h.name}] running kernel {target}; "

@@ -6,6 +6,7 @@ Pure modules, no pyinfra:
     plan       the moves a rollout plans (Move, StackMove), their batches, budget and refusals
     commands   the commands of a move on a host (drain flag, pointers, stop, start, running requests)
     lock       the fleet-wide rollout lock's commands and rules
+    preconditions  every precondition of a move, each a rule, with where it is asked
 Host-changing modules (run other hosts' commands from inside the rollout's one operation):
     remote     each command on another host, bounded in time (MoveFailed names host and step)
     rebooting  the one reboot path: the converge's GPU-stack operation and every move reboot through it

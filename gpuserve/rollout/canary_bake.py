@@ -16,39 +16,14 @@ from typing import TYPE_CHECKING
 
 from pyinfra import logger
 
-from gpuserve import canary, monitoring
+from gpuserve import canary
 from gpuserve.rollout.plan import Move
+from gpuserve.rollout.preconditions import _judged, bake_s, monitors
+from gpuserve.rollout.preconditions import canary_refusal as refusal  # noqa: F401 - its rule
 from gpuserve.rollout.remote import MoveFailed, run
 
 if TYPE_CHECKING:
     from gpuserve.config import HostSettings
-
-
-def bake_s(settings: dict[str, HostSettings], batch: list) -> int:
-    """The bake of ``batch`` (0: none): the longest canary_bake_s of its hosts, when it has a
-    release move to judge."""
-    if not any(_judged(m) for m in batch):
-        return 0
-    return max(settings[m.host].monitor.canary_bake_s for m in batch)
-
-
-def _judged(m) -> bool:
-    return m.bakes
-
-
-def monitors(settings: dict[str, HostSettings]) -> list[str]:
-    return [name for name, s in settings.items() if monitoring.MONITOR_GROUP in s.groups]
-
-
-def refusal(settings: dict[str, HostSettings], first_batch: list) -> str | None:
-    """Why the upgrade may not start: a bake is due and no monitor host can judge it."""
-    wait = bake_s(settings, first_batch)
-    if wait and not monitors(settings):
-        hosts = ", ".join(sorted({m.host for m in first_batch}))
-        return (f"upgrade refused: the canary ({hosts}) must bake for canary_bake_s = {wait} s and be "
-                "judged by Prometheus, but the inventory has no host in group monitor "
-                "(docs/monitoring.md). Add one, or skip the bake with --data canary_bake_s=0")
-    return None
 
 
 def bake(settings: dict[str, HostSettings], batch: list, hosts: dict, ask=None) -> list[str]:

@@ -1,12 +1,13 @@
 """The steps every host move shares, written once (docs/rollout.md):
 
     out -> drained -> stop -> change -> reboot if needed -> verify -> start -> gate -> bake -> in
-                                        ^^^^^^                        ^^^^^^^^^^^^^^^^      ^^
-                                        reboot                        start_gate_in (start, gate, in)
+    ^^^^^^^^^^^^^^                      ^^^^^^                        ^^^^^^^^^^^^^^^^      ^^
+    out_drained                         reboot                        start_gate_in (start, gate, in)
 
 A release move (gpuserve.layers.rollout), a GPU-stack move and an OS-update move
-(gpuserve.layers.stack_move) each bring their deployments back through ``start_gate_in``, and
-reboot a host through ``reboot`` (gpuserve.rollout.rebooting: the converge's GPU-stack layer reboots
+(gpuserve.layers.stack_move) each take their deployments out through ``out_drained`` (so does
+the removal of a deployment, gpuserve.layers.removal), bring them back through
+``start_gate_in``, and reboot a host through ``reboot`` (gpuserve.rollout.rebooting: the converge's GPU-stack layer reboots
 through it too). The caller supplies the readiness gate and the way back into
 rotation (gpuserve.rollout.gate, gpuserve.layers.rotation.back_in): both read every host's settings
 through the layer context, which sits above this package.
@@ -27,6 +28,19 @@ if TYPE_CHECKING:
 
 Gate = Callable[[object, "HostSettings", str], "tuple[bool, str]"]   # (host, settings, deployment)
 BackIn = Callable[[object, "HostSettings", str], None]
+Rotation = Callable[[object, "HostSettings", str], None]   # take_out, wait_drained, back_in
+
+
+def out_drained(h, s: HostSettings, deployments: Sequence[str], *, take_out: Rotation,
+                wait_drained: Rotation | None) -> None:
+    """out -> drained: every deployment out of rotation first, then each waited for until it
+    runs no request (at most drain_timeout_s: gpuserve.layers.rotation). ``wait_drained`` None:
+    nothing to wait for (a removed deployment whose engine address is unknown)."""
+    for dep in deployments:
+        take_out(h, s, dep)
+    if wait_drained is not None:
+        for dep in deployments:
+            wait_drained(h, s, dep)
 
 
 def start_gate_in(h, s: HostSettings, deployments: Sequence[str], *, gate: Gate, back_in: BackIn,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from gpuserve import gateway, layout, monitoring
+from gpuserve.rollout.preconditions import fail_budget_refusal, reboot_refusals  # noqa: F401 - the run's rules
 
 
 @dataclass(frozen=True)
@@ -183,34 +184,11 @@ def run_kind(kind: str) -> RunKind:
     return RUN_KINDS.get(kind, RunKind())
 
 
-def fail_budget_refusal(kind: str, failed: Sequence[str], hosts_in_run: int,
-                        max_fail_percentage: int) -> str | None:
-    """Why the rollout may not start with ``failed`` hosts (unreachable, or failed to prepare) out
-    of ``hosts_in_run``; None when it may go on over the rest (within max_fail_percentage)."""
-    if not failed:
-        return None
-    share = 100 * len(failed) / max(hosts_in_run, 1)
-    if share <= max_fail_percentage:
-        return None
-    return (f"{kind} not started: unreachable or failed to prepare: {', '.join(failed)} "
-            f"({len(failed)} of {hosts_in_run} hosts, {share:.0f}%, over max_fail_percentage = "
-            f"{max_fail_percentage}); no host was switched. Fix them, or allow the rollout to go on "
-            f"without them with --data max_fail_percentage=<percent>")
-
-
 def skipped_message(kind: str, skipped: Sequence[str]) -> str:
     """What a rollout that went on without some hosts says at its end (it exits non-zero)."""
     return (f"{kind} finished on the reachable hosts but SKIPPED {', '.join(skipped)} (unreachable "
             f"or failed to prepare; within max_fail_percentage): they still serve their old release "
             f"and stack. Run the same command again once they answer, to finish them")
-
-
-def reboot_refusals(moves: Sequence, reboot_allowed: Mapping[str, bool]) -> list[str]:
-    """The stack moves that would strand their host: the change loads a new kernel module, which
-    needs a reboot, and the host may not be rebooted. Asked before any host leaves rotation."""
-    return [f"{m.host}: {m.reboot_needed} needs a reboot and this host may not be rebooted "
-            "(reboot: never)" for m in moves
-            if m.reboot_needed and not reboot_allowed.get(m.host, False)]
 
 
 # hosts of role groups move after the serving hosts, one at a time: monitors, then gateways (a
