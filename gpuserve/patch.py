@@ -305,5 +305,3 @@ def inactive(units: Sequence[str], is_active_output: str) -> list[str]:
     """The units `systemctl is-active <units>` does not report active (one state per line)."""
     states = is_active_output.split()
     return [u for i, u in enumerate(units) if i >= len(states) or states[i] != "active"]
-
-

@@ -450,5 +450,3 @@ FILE_SUFFIXES = (".conf", ".service", ".yml", ".prom", ".tmp", ".cred", ".log", 
 def is_file(path: str) -> bool:
     """Whether one of the paths above is a file (else a directory gpuserve made)."""
     return path.endswith(FILE_SUFFIXES) or path in marked_paths()
-
-

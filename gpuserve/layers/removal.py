@@ -158,9 +158,9 @@ def _remove_drain_flags(flags) -> None:
 
 
 def _drain(state, host, settings: HostSettings, r: plan.Removal) -> None:  # noqa: A002 (pyinfra's names)
-    """The move pipeline's out -> drained (gpuserve.rollout.pipeline.out_drained), for a deployment the settings no longer describe: its
-    address comes from its release on the host, and it is behind the proxy when its site is there
-    (even if the proxy is now off). pyinfra passes ``state`` and ``host`` by these names."""
+    """The move pipeline's out -> drained (gpuserve.rollout.pipeline.out_drained), for a
+    deployment the settings no longer describe: its address comes from its release on the host,
+    and it is behind the proxy when its site is there (even if the proxy is now off). pyinfra passes ``state`` and ``host`` by these names."""
     h = host
     if not settings.deployments:   # a host that now serves nothing (a role host): no rotation
         logger.info(f"    [{h.name}] {r.name}: no planned deployment to take the rotation's "

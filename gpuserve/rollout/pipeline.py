@@ -7,10 +7,10 @@
 A release move (gpuserve.layers.rollout), a GPU-stack move and an OS-update move
 (gpuserve.layers.stack_move) each take their deployments out through ``out_drained`` (so does
 the removal of a deployment, gpuserve.layers.removal), bring them back through
-``start_gate_in``, and reboot a host through ``reboot`` (gpuserve.rollout.rebooting: the converge's GPU-stack layer reboots
-through it too). The caller supplies the readiness gate and the way back into
-rotation (gpuserve.rollout.gate, gpuserve.layers.rotation.back_in): both read every host's settings
-through the layer context, which sits above this package.
+``start_gate_in``, and reboot a host through ``reboot`` (gpuserve.rollout.rebooting: the
+converge's GPU-stack layer reboots through it too). The caller supplies the readiness gate and
+the way back into rotation (gpuserve.rollout.gate, gpuserve.layers.rotation.back_in): both read
+every host's settings through the layer context, which sits above this package.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from pyinfra import logger
 
 from gpuserve.rollout import commands
-from gpuserve.rollout.rebooting import BOOT_ID, reboot  # noqa: F401 - the move's reboot step: the one reboot path
+# the move's reboot step, the one reboot path
+from gpuserve.rollout.rebooting import BOOT_ID, reboot  # noqa: F401
 from gpuserve.rollout.remote import run
 
 if TYPE_CHECKING:

@@ -4,18 +4,19 @@ Each is a pure rule: what was read of the hosts in, the refusal out (None, or an
 go on). A refusal names the host, the setting or state, and what to do. The rules are asked where
 their facts are fresh, once each:
 
-    when                                  rule                          asked by
-    a deploy plans a host                 unfinished_patch_refusal      layers/patch.refuse_unfinished_patch (upgrade, rollback)
-                                          stack_change_refusal          layers/patch (an OS-update move's plan)
-                                          refused_hosts                 deploys/decommission.py (every host opted in)
-    the run, before the lock and before   fail_budget_refusal           layers/rollout._roll (_skipped_hosts)
-    any host leaves rotation              canary_refusal                layers/rollout._roll
-                                          reboot_refusals               layers/rollout._roll
-    a move, while its host still serves   stack_move_refusal            layers/stack_move._preconditions (GPU stack)
-                                          last_gateway_refusal          layers/patch.other_gateways_serve (a gateway's
-                                            (with gateway_problem)        OS update)
-                                          moved_already                 layers/rollout._moved_already (a release move)
-    an OS-update move, before its reboot  module_problem                layers/stack_move._patch (the new kernel's GPU module)
+    when                               rule                       asked by (in gpuserve/)
+    a deploy plans a host              unfinished_patch_refusal   layers/patch refuse_unfinished_patch
+                                       stack_change_refusal       layers/patch patch_move
+                                       refused_hosts              deploys/decommission.py
+    the run, before the lock and       fail_budget_refusal        layers/rollout _skipped_hosts
+    before any host leaves rotation    canary_refusal             layers/rollout _roll
+                                       reboot_refusals            layers/rollout _roll
+    a move, while its host serves      stack_move_refusal         layers/stack_move _preconditions
+                                       last_gateway_refusal       layers/patch other_gateways_serve
+                                         (gateway_problem)          (a gateway's OS update)
+                                       moved_already              layers/rollout _moved_already
+    an OS-update move, before and      module_problem             layers/stack_move _patch
+    after its reboot
 
 The lock (gpuserve.rollout.lock) and the budget (gpuserve.rollout.plan.batch_size) are the
 pipeline's other two rules, each in its own module.
